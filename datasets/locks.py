@@ -1,0 +1,87 @@
+"""Model locks: (name, size, sha256, source) verified before any model is loaded.
+
+A lock file is JSON: ``{"name": ..., "files": {"<file name>": {"size": int,
+"sha256": hex, "source": text}}}``. Fixture locks are committed next to this
+module (``locks/``) so a changed recipe or a truncated file is caught; a user
+writes one for real models (see README).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+LOCKS_DIR = Path(__file__).resolve().parent / "locks"
+
+
+class LockError(ValueError):
+    """A model file that does not match its lock (or has none)."""
+
+
+@dataclass(frozen=True)
+class FileLock:
+    name: str
+    size: int
+    sha256: str
+    source: str = ""
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_lock(lock_path: Path) -> dict[str, FileLock]:
+    try:
+        data = json.loads(Path(lock_path).read_text())
+        files = data["files"]
+        return {name: FileLock(name, int(v["size"]), str(v["sha256"]).lower(), str(v.get("source", "")))
+                for name, v in files.items()}
+    except FileNotFoundError:
+        raise LockError(f"lock file not found: {lock_path}") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise LockError(f"{lock_path}: malformed lock file ({exc})") from None
+
+
+# Verified (path, size, mtime_ns) -> sha256, so a model is hashed once per process.
+_verified: dict[tuple[str, int, int], str] = {}
+
+
+def verify_file(path: Path, lock: FileLock) -> str:
+    """Check size then sha256 of ``path`` against ``lock``; returns the sha256."""
+    path = Path(path)
+    if not path.is_file():
+        raise LockError(f"model file not found: {path}")
+    st = path.stat()
+    if st.st_size != lock.size:
+        raise LockError(f"{path}: size {st.st_size} does not match lock {lock.size} "
+                        f"(truncated or a different file; lock sha256 {lock.sha256[:12]}…)")
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    digest = _verified.get(key) or sha256_file(path)
+    if digest != lock.sha256:
+        raise LockError(f"{path}: sha256 {digest[:12]}… does not match lock {lock.sha256[:12]}…")
+    _verified[key] = digest
+    return digest
+
+
+def verify_against(path: Path, lock_path: Path) -> str:
+    """Verify ``path`` against the entry with its file name in ``lock_path``."""
+    locks = load_lock(lock_path)
+    name = Path(path).name
+    if name not in locks:
+        raise LockError(f"{lock_path}: no entry for {name} (entries: {', '.join(sorted(locks)) or 'none'})")
+    return verify_file(path, locks[name])
+
+
+def write_lock(lock_path: Path, name: str, files: dict[str, Path], source: str) -> None:
+    payload = {"name": name, "files": {
+        p.name: {"size": p.stat().st_size, "sha256": sha256_file(p), "source": source} for p in files.values()}}
+    tmp = Path(lock_path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, lock_path)

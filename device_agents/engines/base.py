@@ -1,0 +1,156 @@
+"""What every engine shares: progress, the per-trial cancel control, results.
+
+An engine runs one trial at a time on the agent's trial thread. ``cancel()``
+runs on another thread (a separate Ray concurrency group) and only touches
+:class:`CancelControl`, which is safe to use from both sides: the native token
+is atomic, the Python flag is a plain bool written once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
+
+import native
+
+MECHANISMS = ("between_calls", "abort_callback", "chunked", "graph_eval")
+
+
+class EngineInputError(ValueError):
+    """Bad input for an engine (empty text, wrong sample rate, missing model...)."""
+
+
+@dataclass
+class Progress:
+    """Live engine state; read by cancel() to snapshot the state at receipt."""
+
+    phase: str = "idle"
+    native_call: str | None = None
+    input_tokens_done: int = 0
+    tokens_generated: int = 0
+    frames_generated: int | None = None
+    heavy_graph: str | None = None  # e.g. "code2wav", "clip_encode" while one runs
+
+    def snapshot(self) -> dict:
+        return {
+            "phase_at_receipt": self.phase,
+            "native_call_at_receipt": self.native_call,
+            "input_tokens_done_at_receipt": self.input_tokens_done,
+            "tokens_generated_at_receipt": self.tokens_generated,
+            "frames_generated_at_receipt": self.frames_generated,
+            "heavy_graph_at_receipt": self.heavy_graph,
+        }
+
+
+class CancelControl:
+    """Per-trial cancel state, shared by the trial thread and the cancel thread.
+
+    * ``requested`` is the Python-level flag every mechanism checks between
+      native calls (the status quo).
+    * ``token`` is the native byte read by ``cb_token_reader`` inside native code;
+      it is armed on the context only for mechanisms that use it, but it is
+      always set on cancel so its set time is recorded.
+    A cancel that arrives before the trial starts is latched by the agent and
+    applied with :meth:`request` before the first native call.
+    """
+
+    def __init__(self, token: native.CancelToken, progress: Progress) -> None:
+        self.token = token
+        self.progress = progress
+        self._lock = threading.Lock()
+        self.requested = False
+        self.received_ns: int | None = None
+        self.at_receipt: dict = {}
+        self.native_returned_ns: int | None = None
+        self._in_flight_at_receipt = False
+
+    def request(self, received_ns: int) -> bool:
+        """Record the cancel and set both flags. Returns False if already requested."""
+        with self._lock:
+            if self.requested:
+                return False
+            self.received_ns = received_ns
+            self.at_receipt = self.progress.snapshot()
+            self._in_flight_at_receipt = self.progress.native_call is not None
+            self.token.set()
+            self.requested = True
+            return True
+
+    @contextmanager
+    def native_call(self, name: str) -> Iterator[None]:
+        """Wrap one native call: progress shows it in flight; its return is timed
+        if a cancel arrived while it ran (``t_native_returned_ns``)."""
+        self.progress.native_call = name
+        try:
+            yield
+        finally:
+            now = native.now_ns()
+            with self._lock:
+                self.progress.native_call = None
+                if self._in_flight_at_receipt and self.native_returned_ns is None:
+                    self.native_returned_ns = now
+
+
+@dataclass
+class EngineResult:
+    """What an engine returns for one trial (agent clock ns)."""
+
+    outcome: str  # "cancelled" | "completed"
+    t_start_ns: int
+    t_terminal_ns: int
+    phase_at_terminal: str
+    decode_rc: int | None = None
+    output_sha256: str | None = None
+    phase_durations_ms: dict[str, float] = field(default_factory=dict)
+    phase_segments: list[tuple[str, float, float]] = field(default_factory=list)
+    n_input_tokens: int | None = None
+    output: object = None  # tokens / text / pcm kept agent-side (not recorded)
+
+
+class PhaseClock:
+    """Accumulates wall time per phase on the agent clock."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.durations_ms: dict[str, float] = {}
+        self.segments: list[tuple[str, float, float]] = []  # (phase, start_ms, end_ms) from t0
+        self._t0 = self._t = native.now_ns()
+
+    def enter(self, phase: str) -> None:
+        now = native.now_ns()
+        prev = self.progress.phase
+        if prev == phase:
+            return
+        if prev not in ("idle", None):
+            self.durations_ms[prev] = self.durations_ms.get(prev, 0.0) + (now - self._t) / 1e6
+            start, end = (self._t - self._t0) / 1e6, (now - self._t0) / 1e6
+            if self.segments and self.segments[-1][0] == prev and self.segments[-1][2] == start:
+                self.segments[-1] = (prev, self.segments[-1][1], end)
+            else:
+                self.segments.append((prev, start, end))
+        self.progress.phase = phase
+        self._t = now
+
+    def close(self) -> dict[str, float]:
+        self.enter("done")
+        return dict(self.durations_ms)
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Engine(Protocol):
+    """A native engine the agent can run trials on."""
+
+    kind: str  # "text" | "tts" | "stt" | "probe"
+    phases: tuple[str, ...]
+
+    def run(self, trial: dict, ctl: CancelControl) -> EngineResult: ...
+
+    def describe(self) -> dict: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,222 @@
+"""Text engine on llama-cpp-python's low-level API (llama_decode, batches, sampler).
+
+Phases: ``prefill`` (the prompt in batches of n_batch, or chunk_tokens for the
+chunked mechanism) and ``generate`` (one token per decode). Every decode is
+timed to ``llama_synchronize`` because GPU backends return from llama_decode
+before the device has finished.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+from pathlib import Path
+
+import llama_cpp
+
+import native
+
+from . import llama_runtime as rt
+from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, sha256_of
+
+TEXT_MECHANISMS = ("between_calls", "abort_callback", "chunked")
+
+
+class TextEngine:
+    kind = "text"
+    phases = ("prefill", "generate")
+
+    def __init__(self, workload: dict) -> None:
+        self.workload = workload
+        self.n_batch = int(workload.get("n_batch", 256))
+        self.n_ubatch = int(workload.get("n_ubatch", self.n_batch))
+        self.chunk_tokens = int(workload.get("chunk_tokens", 32))
+        self.max_tokens = int(workload.get("max_tokens", 16))
+        self.prompt_tokens = int(workload.get("prompt_tokens", 256))
+        self.n_ctx = int(workload.get("n_ctx", max(512, self.prompt_tokens + self.max_tokens + 8)))
+        self.n_threads = int(workload.get("n_threads", 2))
+        self.n_gpu_layers = int(workload.get("n_gpu_layers", 0))
+        if self.prompt_tokens + self.max_tokens > self.n_ctx:
+            raise EngineInputError(f"prompt_tokens + max_tokens ({self.prompt_tokens + self.max_tokens}) "
+                                   f"exceeds n_ctx {self.n_ctx}")
+        if self.chunk_tokens < 1 or self.n_batch < 1 or self.n_ubatch < 1:
+            raise EngineInputError("n_batch, n_ubatch and chunk_tokens must be >= 1")
+        path = rt.check_gguf(Path(workload["model"]))
+        rt.quiet_logs()
+        self.model = rt.load_model(path, self.n_gpu_layers)
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.ctx = rt.new_context(self.model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                                  n_threads=self.n_threads, offload=self.n_gpu_layers > 0)
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.batch = rt.Batch(max(self.n_batch, 1))
+        self.sampler = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        llama_cpp.llama_sampler_chain_add(self.sampler, llama_cpp.llama_sampler_init_greedy())
+        self._prompt_cache: dict[str, list[int]] = {}
+
+    def describe(self) -> dict:
+        return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
+                "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_tokens,
+                "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads}
+
+    def prompt_for(self, text: str) -> list[int]:
+        """Tokenize and repeat/trim to exactly ``prompt_tokens`` (BOS kept first)."""
+        cached = self._prompt_cache.get(text)
+        if cached is not None:
+            return cached
+        if not text or not text.strip():
+            raise EngineInputError("empty prompt text")
+        toks = rt.tokenize(self.vocab, text, add_special=True)
+        body = toks[1:] if len(toks) > 1 else toks
+        out = toks[:1]
+        while len(out) < self.prompt_tokens:
+            out.extend(body[: self.prompt_tokens - len(out)])
+        self._prompt_cache[text] = out
+        return out
+
+    def _decode(self, ctl: CancelControl, tokens: list[int], pos: int, logits_last: bool) -> int:
+        b = self.batch.fill(tokens, pos, logits_last)
+        with ctl.native_call("llama_decode"):
+            rc = llama_cpp.llama_decode(self.ctx, b)
+            llama_cpp.llama_synchronize(self.ctx)
+        return rc
+
+    def run(self, trial: dict, ctl: CancelControl) -> EngineResult:
+        mechanism = trial["mechanism"]
+        if mechanism not in TEXT_MECHANISMS:
+            raise EngineInputError(f"text engine does not implement mechanism {mechanism!r} "
+                                   f"(has: {', '.join(TEXT_MECHANISMS)})")
+        tokens = self.prompt_for(trial["input"])
+        progress = ctl.progress
+        # Leftovers of the previous trial (an aborted ubatch's earlier ubatches) go first.
+        llama_cpp.llama_memory_clear(self.mem, True)
+        llama_cpp.llama_sampler_reset(self.sampler)
+        rt.arm_abort(self.ctx, ctl.token if mechanism == "abort_callback" else None)
+        step = self.chunk_tokens if mechanism == "chunked" else self.n_batch
+
+        clock = PhaseClock(progress)
+        t_start = native.now_ns()
+        rc: int | None = None
+        pos = 0
+        generated: list[int] = []
+        stopped = False
+        clock.enter("prefill")
+        for i in range(0, len(tokens), step):
+            if ctl.requested:
+                stopped = True
+                break
+            chunk = tokens[i:i + step]
+            rc = self._decode(ctl, chunk, pos, logits_last=i + step >= len(tokens))
+            if rc == 2:  # aborted by the native reader; llama.cpp dropped this ubatch's positions
+                stopped = True
+                break
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc} during prefill")
+            pos += len(chunk)
+            progress.input_tokens_done = pos
+        if not stopped:
+            clock.enter("generate")
+            for _ in range(self.max_tokens):
+                if ctl.requested:
+                    stopped = True
+                    break
+                with ctl.native_call("llama_sampler_sample"):
+                    tok = llama_cpp.llama_sampler_sample(self.sampler, self.ctx, -1)
+                generated.append(int(tok))
+                rc = self._decode(ctl, [tok], pos, logits_last=True)
+                if rc == 2:
+                    stopped = True
+                    break
+                if rc != 0:
+                    raise RuntimeError(f"llama_decode returned {rc} during generate")
+                pos += 1
+                progress.tokens_generated = len(generated)
+        # A cancel that landed during the last native call is honoured too: the
+        # caller gets "cancelled", never a result it asked to stop.
+        stopped = stopped or ctl.requested
+        phase_at_terminal = progress.phase
+        t_terminal = native.now_ns()
+        durations = clock.close()
+        return EngineResult(
+            outcome="cancelled" if stopped else "completed",
+            t_start_ns=t_start,
+            t_terminal_ns=t_terminal,
+            phase_at_terminal=phase_at_terminal,
+            decode_rc=rc,
+            output_sha256=None if stopped else sha256_of(array.array("i", generated).tobytes()),
+            phase_durations_ms=durations,
+            phase_segments=clock.segments,
+            n_input_tokens=len(tokens),
+            output=generated,
+        )
+
+    def kv_pos_max(self) -> int:
+        return llama_cpp.llama_memory_seq_pos_max(self.mem, 0)
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "batch", None):
+            self.batch.free()
+        if getattr(self, "sampler", None):
+            llama_cpp.llama_sampler_free(self.sampler)
+            self.sampler = None
+        if getattr(self, "model", None):
+            llama_cpp.llama_model_free(self.model)
+            self.model = None
+
+
+class ProbeEngine:
+    """The known-answer probe as an engine: busy-works natively, checks the token
+    every ``period_us``. The harness's measured latency must match the period."""
+
+    kind = "probe"
+    phases = ("busy",)
+
+    def __init__(self, workload: dict) -> None:
+        self.duration_us = int(workload.get("duration_us", 200_000))
+        self.period_us = int(workload.get("period_us", 1_000))
+        if self.duration_us <= 0 or self.period_us <= 0:
+            raise EngineInputError("probe duration_us and period_us must be > 0")
+
+    def describe(self) -> dict:
+        return {"engine": self.kind, "duration_us": self.duration_us, "period_us": self.period_us}
+
+    def run(self, trial: dict, ctl: CancelControl) -> EngineResult:
+        clock = PhaseClock(ctl.progress)
+        t_start = native.now_ns()
+        clock.enter("busy")
+        aborted = ctl.requested
+        probe_start = probe_end = t_start
+        if not aborted:
+            with ctl.native_call("cb_probe_busy"):
+                aborted, probe_start, probe_end = native.probe_busy(ctl.token, self.duration_us, self.period_us)
+        stopped = aborted or ctl.requested
+        phase = ctl.progress.phase
+        t_terminal = native.now_ns()
+        result = EngineResult(outcome="cancelled" if stopped else "completed", t_start_ns=t_start,
+                              t_terminal_ns=t_terminal, phase_at_terminal=phase, decode_rc=int(aborted),
+                              phase_durations_ms=clock.close(), phase_segments=clock.segments)
+        if aborted and ctl.token.set_ns:
+            expected = native.probe_expected_return_ns(probe_start, ctl.token.set_ns, self.period_us)
+            result.output = {"known_answer_error_ms": (probe_end - expected) / 1e6}
+        return result
+
+    def close(self) -> None:
+        pass
+
+
+def make_engine(workload: dict):
+    """Engine registry: the workload's ``engine`` key picks the class."""
+    kind = workload.get("engine", "text")
+    if kind == "text":
+        return TextEngine(workload)
+    if kind == "probe":
+        return ProbeEngine(workload)
+    if kind == "tts":
+        from .tts import TtsEngine
+        return TtsEngine(workload)
+    if kind == "stt":
+        from .stt import SttEngine
+        return SttEngine(workload)
+    raise EngineInputError(f"unknown engine {kind!r} (known: text, tts, stt, probe)")

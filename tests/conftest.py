@@ -1,0 +1,35 @@
+"""Shared fixtures: the real fixture models and a real local Ray cluster."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_AUTH_MODE", "token")  # before any `import ray`
+
+import pytest
+
+import native
+from datasets.fixtures import ensure_text_fixture
+
+
+@pytest.fixture(scope="session")
+def text_model() -> str:
+    """The text fixture GGUF (generated if missing, verified against its lock)."""
+    return str(ensure_text_fixture("text-llama-57m"))
+
+
+@pytest.fixture(scope="session")
+def small_text_model() -> str:
+    return str(ensure_text_fixture("text-qwen3-14m"))
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """A real local Ray, bound to 127.0.0.1, token auth on; shared by the session."""
+    import ray
+
+    from orchestrator import cluster
+
+    cluster.connect(None)
+    yield ray
+    ray.shutdown()

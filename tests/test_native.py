@@ -1,0 +1,83 @@
+"""The native cancel token, its reader, and the known-answer probe."""
+
+import ctypes
+import statistics
+import threading
+import time
+
+import llama_cpp
+
+import native
+
+
+def test_token_set_reset_and_first_seen():
+    t = native.CancelToken()
+    assert not t.is_set() and t.seen_ns == 0 and t.set_ns == 0
+    assert t.read() is False
+    assert t.polls == 1 and t.seen_ns == 0
+    before = native.now_ns()
+    set_ns = t.set()
+    assert before <= set_ns <= native.now_ns()
+    assert t.set() == set_ns  # a second set keeps the first time
+    assert t.is_set()
+    assert t.read() is True
+    first_seen = t.seen_ns
+    assert first_seen >= set_ns
+    assert t.read() is True and t.seen_ns == first_seen  # only the first reader stamps
+    assert t.polls == 3
+    t.reset()
+    assert not t.is_set() and t.seen_ns == 0 and t.polls == 0 and t.set_ns == 0
+
+
+def test_reader_is_a_native_bool_fn_of_void_ptr_reading_byte_zero():
+    """The exported reader has the exact abort-callback shape and reads the token's first byte."""
+    t = native.CancelToken()
+    fn = llama_cpp.ggml_abort_callback(native.reader_address())  # bool (*)(void *)
+    assert fn(ctypes.c_void_p(t.address)) is False
+    # A binding that only knows "a byte at this address" sets the same flag.
+    ctypes.c_uint8.from_address(t.address).value = 1
+    assert fn(ctypes.c_void_p(t.address)) is True
+    assert t.seen_ns > 0
+
+
+def test_now_ns_is_the_monotonic_clock():
+    a = native.now_ns()
+    b = time.monotonic_ns()  # CLOCK_MONOTONIC on Linux: same domain
+    c = native.now_ns()
+    assert a <= c
+    assert abs(b - a) < 1_000_000_000  # same clock domain, not e.g. the epoch
+
+
+def test_probe_runs_to_completion_without_cancel():
+    t = native.CancelToken()
+    aborted, start, end = native.probe_busy(t, 20_000, 1_000)
+    assert not aborted
+    assert end - start >= 20_000_000
+    assert t.polls >= 10  # checked on its period
+
+
+def test_known_answer_probe_measures_its_period():
+    """The probe stops at the first check after the set: its measured error is small
+    relative to the period (median over repeats; generous, not a timing bound)."""
+    period_us = 2_000
+    errors, latencies = [], []
+    for i in range(15):
+        t = native.CancelToken()
+        delay = 0.005 + (i % 5) * 0.0013
+
+        def setter(t=t, delay=delay):
+            time.sleep(delay)
+            t.set()
+
+        th = threading.Thread(target=setter)
+        th.start()
+        aborted, start, end = native.probe_busy(t, 2_000_000, period_us)
+        th.join()
+        assert aborted
+        expected = native.probe_expected_return_ns(start, t.set_ns, period_us)
+        assert expected >= t.set_ns
+        errors.append((end - expected) / 1e3)
+        latencies.append((end - t.set_ns) / 1e3)
+    # Latency is (0, period] plus error; the error is what the benchmark reports exactly.
+    assert statistics.median(latencies) <= period_us * 1.5
+    assert abs(statistics.median(errors)) < period_us

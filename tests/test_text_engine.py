@@ -1,0 +1,126 @@
+"""The text engine on real llama.cpp calls with the fixture model."""
+
+import statistics
+
+import llama_cpp
+import pytest
+
+import native
+from device_agents.engines.base import CancelControl, EngineInputError, Progress
+from device_agents.engines.text import TextEngine
+
+from helpers import cancel_when
+
+PROMPT = "The quick brown fox jumps over the lazy dog while the engine keeps talking about cancel latency."
+
+
+def new_ctl():
+    return CancelControl(native.CancelToken(), Progress())
+
+
+@pytest.fixture(scope="module")
+def engine(text_model):
+    e = TextEngine({"model": text_model, "n_threads": 2, "n_batch": 256, "n_ubatch": 64, "prompt_tokens": 256,
+                    "max_tokens": 8, "chunk_tokens": 32})
+    yield e
+    e.close()
+
+
+def run(engine, mechanism, ctl=None):
+    ctl = ctl or new_ctl()
+    return engine.run({"input": PROMPT, "mechanism": mechanism, "seed": 1}, ctl), ctl
+
+
+def test_uncancelled_run_completes_both_phases(engine):
+    res, ctl = run(engine, "between_calls")
+    assert res.outcome == "completed"
+    assert res.decode_rc == 0
+    assert set(res.phase_durations_ms) == {"prefill", "generate"}
+    assert len(res.output) == 8
+    assert res.n_input_tokens == 256
+    assert [s[0] for s in res.phase_segments] == ["prefill", "generate"]
+
+
+def test_abort_callback_stops_prefill_mid_decode_and_engine_is_reusable(engine, text_model):
+    fresh, _ = run(engine, "abort_callback")
+    ctl = new_ctl()
+    # Cancel once the second ubatch of the single 256-token decode is computing.
+    th = cancel_when(ctl, lambda p: p.native_call == "llama_decode", delay_s=0.03)
+    res, ctl = run(engine, "abort_callback", ctl)
+    th.join()
+    assert res.outcome == "cancelled"
+    assert res.decode_rc == 2, "llama_decode must return 2 when the native reader aborts it"
+    assert ctl.token.seen_ns >= ctl.received_ns > 0  # the native reader saw the byte
+    assert ctl.token.polls > 0
+    # llama.cpp removed the aborted ubatch's positions; whole earlier ubatches (64) may stay.
+    pos_max = engine.kv_pos_max()
+    assert pos_max == -1 or (pos_max + 1) % 64 == 0
+    assert (pos_max + 1) < 256
+    again, _ = run(engine, "abort_callback")
+    assert again.outcome == "completed"
+    assert again.output_sha256 == fresh.output_sha256  # no leaked state
+
+
+def test_cancelled_then_normal_matches_a_fresh_engine(engine, text_model):
+    for mech in ("between_calls", "chunked", "abort_callback"):
+        ctl = new_ctl()
+        th = cancel_when(ctl, lambda p: p.phase == "generate" and p.tokens_generated >= 2)
+        res, _ = run(engine, mech, ctl)
+        th.join()
+        assert res.outcome == "cancelled"
+    after, _ = run(engine, "between_calls")
+    other = TextEngine({"model": text_model, "n_threads": 2, "n_batch": 256, "n_ubatch": 64,
+                        "prompt_tokens": 256, "max_tokens": 8})
+    try:
+        fresh, _ = run(other, "between_calls")
+    finally:
+        other.close()
+    assert after.output_sha256 == fresh.output_sha256
+
+
+def test_latched_cancel_before_first_native_call_is_honoured(engine):
+    ctl = new_ctl()
+    ctl.request(native.now_ns())  # arrives before the engine is active
+    res, _ = run(engine, "between_calls", ctl)
+    assert res.outcome == "cancelled"
+    assert res.phase_at_terminal == "prefill"
+    assert ctl.progress.input_tokens_done == 0  # not one decode ran
+
+
+def test_abort_callback_latency_far_below_between_calls_on_the_same_trials(engine):
+    """Same cancel points (a fixed delay into the prefill decode) for both mechanisms."""
+    lat = {"between_calls": [], "abort_callback": []}
+    for delay in (0.02, 0.04, 0.06, 0.08, 0.10):
+        for mech in lat:
+            ctl = new_ctl()
+            th = cancel_when(ctl, lambda p: p.native_call == "llama_decode", delay_s=delay)
+            res, _ = run(engine, mech, ctl)
+            th.join()
+            assert res.outcome == "cancelled"
+            lat[mech].append((res.t_terminal_ns - ctl.received_ns) / 1e6)
+    # A ratio with a wide margin (measured ~50-100x here), not a time.
+    assert statistics.median(lat["between_calls"]) > 3 * statistics.median(lat["abort_callback"])
+
+
+def test_chunked_prefill_checks_between_chunks(engine):
+    ctl = new_ctl()
+    th = cancel_when(ctl, lambda p: p.input_tokens_done >= 64)
+    res, _ = run(engine, "chunked", ctl)
+    th.join()
+    assert res.outcome == "cancelled"
+    assert res.decode_rc == 0  # stopped at a chunk boundary, not by aborting a decode
+    assert ctl.progress.input_tokens_done % 32 == 0
+    assert ctl.progress.input_tokens_done < 256
+
+
+def test_bad_inputs(engine, tmp_path):
+    with pytest.raises(EngineInputError, match="mechanism"):
+        run(engine, "graph_eval")
+    with pytest.raises(EngineInputError, match="empty prompt"):
+        engine.run({"input": "  ", "mechanism": "between_calls"}, new_ctl())
+    with pytest.raises(EngineInputError, match="not found"):
+        TextEngine({"model": str(tmp_path / "missing.gguf")})
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"NOPE" + b"\0" * 64)
+    with pytest.raises(EngineInputError, match="not a GGUF"):
+        TextEngine({"model": str(bogus)})
