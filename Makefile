@@ -1,0 +1,76 @@
+# cancelbench: the README's two commands are `make demo` and `make test`.
+# Both do every set-up step on a fresh machine: system packages (apt-get, where
+# available and root), the venv, the llama-cpp-python wheel built from source
+# into build/wheelhouse/<version>-<variant>/, the package with its native code,
+# and the fixture models.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+LLAMA_CPP_PYTHON_VERSION := 0.3.36
+UNAME := $(shell uname -s)
+HAVE_APT := $(shell command -v apt-get >/dev/null 2>&1 && [ -r /etc/debian_version ] && echo yes)
+IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
+
+# One llama-cpp-python build serves every agent on a host: the Vulkan build runs
+# CPU agents too (no GPU layers, no visible Vulkan device). Override with
+# LLAMA_VARIANT=cpu|vulkan|metal|cuda.
+ifeq ($(UNAME),Darwin)
+LLAMA_VARIANT ?= metal
+else ifeq ($(HAVE_APT),yes)
+LLAMA_VARIANT ?= vulkan
+else
+LLAMA_VARIANT ?= cpu
+endif
+
+# Debian packages the tests need: Chromium for the HTML report check; the
+# Vulkan runtime, shader compiler and lavapipe come from build_llama_wheel.sh.
+APT_PACKAGES := chromium
+
+DEMO_OUT ?= results/demo-$(shell date +%Y%m%d-%H%M%S)
+
+.PHONY: demo test setup system-deps wheel fixtures bench clean
+
+demo: setup fixtures
+	$(BIN)/cancelbench sweep --out $(DEMO_OUT)
+
+test: setup fixtures
+	$(BIN)/python -m pytest -q
+
+bench: setup fixtures
+	$(BIN)/python benchmarks/bench_mechanisms.py
+
+setup: system-deps $(VENV)/.stamp-install-$(LLAMA_VARIANT)
+
+system-deps:
+ifeq ($(HAVE_APT)$(IS_ROOT),yesyes)
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "apt-get install$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+else
+	@echo "system-deps: no apt-get as root here; install $(APT_PACKAGES) yourself for the browser test"
+endif
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+
+WHEELHOUSE := build/wheelhouse/$(LLAMA_CPP_PYTHON_VERSION)-$(LLAMA_VARIANT)
+
+wheel: $(BIN)/python
+	PYTHON=$(BIN)/python bash native/build_llama_wheel.sh $(LLAMA_VARIANT)
+
+# Reinstall when the variant or the project metadata changes.
+$(VENV)/.stamp-install-$(LLAMA_VARIANT): pyproject.toml setup.py native/cancel_token.c $(BIN)/python
+	PYTHON=$(BIN)/python bash native/build_llama_wheel.sh $(LLAMA_VARIANT)
+	$(BIN)/python -m pip install -q --no-deps --force-reinstall $(WHEELHOUSE)/llama_cpp_python-*.whl
+	$(BIN)/python -m pip install -q -e '.[test]'
+	echo $(LLAMA_VARIANT) > $@
+
+fixtures: setup
+	$(BIN)/cancelbench fixtures
+
+clean:
+	rm -rf $(VENV) build/wheelhouse *.egg-info native/*.so

@@ -1,0 +1,193 @@
+"""The device agent: one per (node, device), a Ray actor with two concurrency
+groups so ``cancel()`` is served while ``run_trial()`` is inside native code.
+
+The class is plain Python (usable without Ray, e.g. in benchmarks); Ray wraps
+it with :func:`remote_agent_class`.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+import traceback
+
+import ray
+
+import native
+
+from .engines.base import CancelControl, EngineInputError, Progress
+from .probe import probe_host
+
+CONTROL = "control"
+TRIAL = "trial"
+CONCURRENCY_GROUPS = {TRIAL: 1, CONTROL: 4}
+
+
+def _sleep_until(deadline_ns: int) -> None:
+    """Sleep coarsely, then spin the last millisecond (timer precision matters here)."""
+    while True:
+        left = deadline_ns - native.now_ns()
+        if left <= 0:
+            return
+        if left > 2_000_000:
+            time.sleep((left - 1_000_000) / 1e9)
+
+
+class DeviceAgent:
+    def __init__(self, device_id: str = "cpu:0", device_name: str | None = None, n_threads: int | None = None,
+                 node_label: str | None = None) -> None:
+        self.device_id = device_id
+        self.meta = probe_host(device_id, device_name, n_threads)
+        if node_label:
+            self.meta["node_label"] = node_label
+        try:
+            self.meta["node_id"] = ray.get_runtime_context().get_node_id()
+        except Exception:  # not inside Ray
+            self.meta["node_id"] = None
+        self.token = native.CancelToken()
+        self._lock = threading.Lock()
+        self._current: tuple[str, CancelControl] | None = None
+        self._latched: dict[str, int] = {}
+        self._finished: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._engine = None
+        self._engine_key: str | None = None
+
+    # -- control group -----------------------------------------------------
+    @ray.method(concurrency_group=CONTROL)
+    def probe(self) -> dict:
+        return dict(self.meta)
+
+    @ray.method(concurrency_group=CONTROL)
+    def ping(self) -> int:
+        """The agent clock, for driver-side offset estimation."""
+        return native.now_ns()
+
+    @ray.method(concurrency_group=CONTROL)
+    def status(self) -> dict:
+        with self._lock:
+            cur = self._current
+            return {"trial_id": cur[0] if cur else None,
+                    "phase": cur[1].progress.phase if cur else None,
+                    "engine": self._engine_key}
+
+    @ray.method(concurrency_group=CONTROL)
+    def cancel(self, trial_id: str) -> dict:
+        """Cancel ``trial_id``: set it if running, latch it if not started yet."""
+        return self._deliver(trial_id, native.now_ns())
+
+    def _deliver(self, trial_id: str, received_ns: int) -> dict:
+        with self._lock:
+            cur = self._current
+            if cur is not None and cur[0] == trial_id:
+                cur[1].request(received_ns)
+                return {"state": "active", "received_ns": received_ns, "phase": cur[1].progress.phase}
+            if trial_id in self._finished:
+                return {"state": "finished", "received_ns": received_ns}
+            # Not started yet: latch it, never drop it (the race that cost a whole synthesis).
+            self._latched.setdefault(trial_id, received_ns)
+            return {"state": "latched", "received_ns": received_ns}
+
+    # -- trial group -------------------------------------------------------
+    @ray.method(concurrency_group=TRIAL)
+    def load(self, workload: dict) -> dict:
+        """Load the workload's engine once; later trials of the workload reuse it."""
+        key = json.dumps(workload, sort_keys=True, default=str)
+        if key != self._engine_key:
+            from .engines.text import make_engine
+            from .models import resolve_models
+
+            if self._engine is not None:
+                self._engine.close()
+                self._engine, self._engine_key = None, None
+            t0 = native.now_ns()
+            self._engine = make_engine(resolve_models(workload))
+            self._engine_key = key
+            return {"loaded": True, "load_ms": (native.now_ns() - t0) / 1e6, **self._engine.describe()}
+        return {"loaded": False, **self._engine.describe()}
+
+    @ray.method(concurrency_group=TRIAL)
+    def run_trial(self, spec: dict) -> dict:
+        """Run one trial. ``spec``: trial_id, input, input_id, mechanism, delivery,
+        offset_ms (agent delivery), seed. Returns the agent half of the record."""
+        t_handback = native.now_ns()
+        trial_id = spec["trial_id"]
+        progress = Progress()
+        ctl = CancelControl(self.token, progress)
+        with self._lock:
+            self.token.reset()
+            self._current = (trial_id, ctl)
+            latched_ns = self._latched.pop(trial_id, None)
+        if latched_ns is not None:
+            ctl.request(latched_ns)
+        timer = None
+        scheduled = {}
+        if spec.get("delivery") == "agent" and spec.get("offset_ms") is not None:
+            deadline = t_handback + int(float(spec["offset_ms"]) * 1e6)
+            scheduled["t_cancel_scheduled_ns"] = deadline
+
+            def fire() -> None:
+                _sleep_until(deadline)
+                issued = native.now_ns()
+                scheduled["t_issued_ns"] = issued
+                self._deliver(trial_id, issued)
+
+            timer = threading.Thread(target=fire, name=f"cancel-timer-{trial_id}", daemon=True)
+            timer.start()
+        row: dict = {"trial_id": trial_id, "t_handback_ns": t_handback, **self._meta_columns()}
+        try:
+            if self._engine is None:
+                raise EngineInputError("no workload loaded on this agent (call load() first)")
+            result = self._engine.run(spec, ctl)
+            outcome = result.outcome
+            if outcome == "completed" and ctl.received_ns is not None and ctl.received_ns <= result.t_terminal_ns:
+                outcome = "dropped"  # received while running, yet ran to completion: a defect
+            row.update(
+                outcome=outcome, t_start_ns=result.t_start_ns, t_terminal_ns=result.t_terminal_ns,
+                phase_at_terminal=result.phase_at_terminal, decode_rc=result.decode_rc,
+                output_sha256=result.output_sha256, n_input_tokens=result.n_input_tokens,
+                phase_durations_json=json.dumps(result.phase_durations_ms, sort_keys=True),
+                phase_timeline_json=json.dumps([list(seg) for seg in result.phase_segments]),
+            )
+            if isinstance(result.output, dict) and "known_answer_error_ms" in result.output:
+                row["known_answer_error_ms"] = result.output["known_answer_error_ms"]
+        except Exception as exc:  # the record says what failed; the agent stays usable
+            row.update(outcome="error", t_terminal_ns=native.now_ns(),
+                       error=f"{type(exc).__name__}: {exc}"[:2000])
+            if not isinstance(exc, EngineInputError):
+                row["error"] += " | " + traceback.format_exc(limit=3)[-1000:]
+        finally:
+            with self._lock:
+                self._current = None
+                self._finished[trial_id] = native.now_ns()
+                while len(self._finished) > 4096:
+                    self._finished.popitem(last=False)
+        if timer is not None:
+            timer.join(timeout=0)  # a timer still sleeping fires later into "finished"
+        row.update(scheduled)
+        if ctl.received_ns is not None:
+            row["t_received_ns"] = ctl.received_ns
+            row.update(ctl.at_receipt)
+            row["t_native_returned_ns"] = ctl.native_returned_ns
+            seen = self.token.seen_ns
+            row["t_native_observed_ns"] = seen or None
+        row["abort_polls"] = self.token.polls
+        return row
+
+    def _meta_columns(self) -> dict:
+        m = self.meta
+        return {k: m.get(k) for k in ("hostname", "node_id", "device", "device_name", "platform", "arch",
+                                      "cpu_model", "n_threads", "llama_cpp_python_version", "llama_cpp_build",
+                                      "cancelbench_version", "backend")}
+
+    @ray.method(concurrency_group=TRIAL)
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+
+def remote_agent_class():
+    """The Ray actor class for :class:`DeviceAgent`."""
+    return ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(DeviceAgent)

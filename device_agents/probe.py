@@ -1,0 +1,66 @@
+"""Platform probe: metadata collected once per agent and carried on every row."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from functools import lru_cache
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        import subprocess
+        try:
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
+                                  text=True, timeout=5).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or "unknown"
+
+
+def cancelbench_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("cancelbench")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+@lru_cache(maxsize=1)
+def llama_versions() -> tuple[str, str]:
+    """(llama-cpp-python version, llama.cpp build id)."""
+    import llama_cpp
+    build = "unknown"
+    try:
+        from . import backends
+        build = backends.llama_cpp_build_info()
+    except Exception:  # backends probe is optional metadata; never fail a trial on it
+        pass
+    return llama_cpp.__version__, build
+
+
+def probe_host(device_id: str = "cpu:0", device_name: str | None = None, n_threads: int | None = None) -> dict:
+    lcp, build = llama_versions()
+    backend = device_id.split(":", 1)[0]
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.system().lower(),
+        "arch": platform.machine(),
+        "cpu_model": cpu_model(),
+        "device": device_id,
+        "backend": backend,
+        "device_name": device_name or (cpu_model() if backend == "cpu" else device_id),
+        "n_threads": n_threads or os.cpu_count() or 1,
+        "llama_cpp_python_version": lcp,
+        "llama_cpp_build": build,
+        "cancelbench_version": cancelbench_version(),
+        "pid": os.getpid(),
+    }

@@ -1,0 +1,118 @@
+"""The `cancelbench` command.
+
+Exit codes: 0 ok, 1 failures found (dropped/lost/error trials, regressions),
+2 usage or input error (one line on stderr, nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_FAILURES, EXIT_INPUT = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own usage errors: one line, exit 2
+        self.exit(EXIT_INPUT, f"cancelbench: error: {message}\n")
+
+
+def _fail(message: str) -> int:
+    print(f"cancelbench: error: {message}", file=sys.stderr)
+    return EXIT_INPUT
+
+
+def cmd_sweep(args) -> int:
+    from datasets.locks import LockError
+
+    from .config import ConfigError, load_config
+    from .runner import SweepInputError, run_sweep
+    from .sink import DatasetError
+
+    try:
+        config = load_config(args.config)
+        if args.trials is not None:
+            if args.trials < 1:
+                return _fail("--trials must be >= 1")
+            import dataclasses
+            config = dataclasses.replace(config, trials_per_cell=args.trials)
+        out = Path(args.out) if args.out else Path("results") / "sweep"
+        result = run_sweep(config, out, address=args.address, resume=args.resume, progress=not args.quiet)
+    except (ConfigError, SweepInputError, LockError, DatasetError) as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        print("cancelbench: interrupted; records written so far are kept (use --resume)", file=sys.stderr)
+        return 130
+    print(f"sweep {result.sweep_id}: {result.written} trials written to {result.out_dir} "
+          f"({', '.join(f'{k} {v}' for k, v in sorted(result.outcomes.items()))})"
+          + (f"; {len(result.not_run)} not run" if result.not_run else ""))
+    if not args.no_summary:
+        from reports.cli import print_summary
+        print_summary([result.out_dir])
+    return result.exit_code
+
+
+def cmd_fixtures(args) -> int:
+    from datasets.fixtures import generate_all
+
+    for path in generate_all(Path(args.out) if args.out else None, which=args.which):
+        print(path)
+    return EXIT_OK
+
+
+def cmd_lock(args) -> int:
+    from datasets.locks import write_lock
+
+    files = {Path(p).name: Path(p) for p in args.files}
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        return _fail(f"not a file: {', '.join(missing)}")
+    write_lock(Path(args.out), args.name or Path(args.out).stem, files, args.source)
+    print(args.out)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="cancelbench", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("sweep", help="run a cancellation sweep")
+    p.add_argument("--config", type=Path, help="sweep TOML (default: built-in text sweep)")
+    p.add_argument("--out", help="results directory (default results/sweep)")
+    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray on 127.0.0.1)")
+    p.add_argument("--resume", action="store_true", help="continue a sweep in --out, skipping trials on disk")
+    p.add_argument("--trials", type=int, help="override sweep.trials_per_cell")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--no-summary", action="store_true", help="do not print the summary table at the end")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("fixtures", help="generate the fixture models (tiny random-weight GGUFs)")
+    p.add_argument("--out", help="directory (default datasets/models or $CANCELBENCH_MODELS_DIR)")
+    p.add_argument("--which", choices=("all", "text", "speech"), default="all")
+    p.set_defaults(func=cmd_fixtures)
+
+    p = sub.add_parser("lock", help="write a lock file (size, sha256) for real model files")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--out", required=True, help="lock file to write, e.g. datasets/locks/my-model.json")
+    p.add_argument("--name")
+    p.add_argument("--source", default="", help="where the files came from (URL, release)")
+    p.set_defaults(func=cmd_lock)
+
+    from reports.cli import add_diff_parser, add_report_parser
+    add_report_parser(sub)
+    add_diff_parser(sub)
+
+    from .agents_cmd import add_agents_parser
+    add_agents_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Driver<->agent clock offset from ping exchanges (NTP-style, lowest RTT kept).
+
+offset = agent_clock - driver_clock, estimated as a - (t0 + t1) / 2 for the
+exchange with the smallest round trip t1 - t0; the error is at most RTT / 2.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class ClockOffset:
+    offset_ns: int  # agent minus driver
+    uncertainty_ns: int  # half the lowest round trip
+    rtt_ns: int
+    samples: int
+
+    def to_agent(self, driver_ns: int) -> int:
+        return driver_ns + self.offset_ns
+
+
+def driver_now_ns() -> int:
+    """The driver clock (monotonic)."""
+    return time.monotonic_ns()
+
+
+def estimate_offset(ping: Callable[[], int], samples: int = 20,
+                    now: Callable[[], int] = driver_now_ns) -> ClockOffset:
+    """``ping()`` returns the agent clock; keep the exchange with the lowest RTT."""
+    best: tuple[int, int, int] | None = None
+    for _ in range(max(1, samples)):
+        t0 = now()
+        a = ping()
+        t1 = now()
+        rtt = t1 - t0
+        if best is None or rtt < best[0]:
+            best = (rtt, a, t0 + rtt // 2)
+    rtt, a, mid = best
+    return ClockOffset(offset_ns=a - mid, uncertainty_ns=(rtt + 1) // 2, rtt_ns=rtt, samples=samples)

@@ -1,0 +1,260 @@
+"""Sweep configuration: TOML in, validated typed dataclasses out.
+
+Every problem is a :class:`ConfigError` with a one-line message; nothing is
+written anywhere before the whole config has been validated.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .schema import DELIVERIES, MECHANISMS
+
+ENGINES = ("text", "tts", "stt", "probe")
+OFFSET_PLANS = ("immediate", "uniform", "fixed", "phase")
+BACKENDS = ("cpu", "vulkan", "metal", "cuda")
+CORPORA_DIR = Path(__file__).resolve().parent.parent / "datasets" / "corpora"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ConfigError(ValueError):
+    """Invalid sweep configuration."""
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str
+    engine: str = "text"
+    model: str = "fixture:text-llama-57m"
+    mmproj: str | None = None
+    lock: str | None = None  # lock file for non-fixture models
+    inputs: str = "text_prompts"  # corpus name in datasets/corpora/
+    n_threads: int = 2
+    n_ctx: int = 0  # 0: derived by the engine
+    n_batch: int = 256
+    n_ubatch: int = 256
+    chunk_tokens: int = 32
+    prompt_tokens: int = 256
+    max_tokens: int = 16
+    n_gpu_layers: int = 0
+    duration_us: int = 200_000  # probe engine
+    period_us: int = 1_000  # probe engine
+    extra: dict = field(default_factory=dict)  # engine-specific settings (tts/stt)
+
+    def engine_params(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "inputs", "lock")}
+        if not d["n_ctx"]:
+            d.pop("n_ctx")
+        d.update(self.extra)
+        return d
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    plan: str = "uniform"
+    fixed_ms: tuple[float, ...] = ()
+    min_per_phase: int = 5  # phase plan: cancels aimed at each phase, at least
+    max_fraction: float = 1.0  # uniform: draw over [0, max_fraction) of the reference
+
+
+@dataclass(frozen=True)
+class DeviceSelector:
+    backends: tuple[str, ...] = ("cpu",)
+    hosts: tuple[str, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    seed: int = 0
+    input_seed: int | None = None
+    offset_seed: int | None = None
+    trials_per_cell: int = 30
+    reference_runs: int = 3
+    mechanisms: tuple[str, ...] = ("between_calls", "abort_callback", "chunked")
+    deliveries: tuple[str, ...] = ("driver", "agent")
+    offsets: OffsetSpec = OffsetSpec()
+    devices: DeviceSelector = DeviceSelector()
+    workloads: tuple[WorkloadSpec, ...] = (WorkloadSpec(name="text-prefill"),)
+    ping_samples: int = 20
+
+    @property
+    def effective_input_seed(self) -> int:
+        return self.input_seed if self.input_seed is not None else self.seed * 2 + 1
+
+    @property
+    def effective_offset_seed(self) -> int:
+        return self.offset_seed if self.offset_seed is not None else self.seed * 2 + 2
+
+    def to_json(self) -> dict:
+        return json.loads(json.dumps(asdict(self), default=list))
+
+
+DEFAULT_CONFIG = SweepConfig()
+
+_SWEEP_KEYS = {"seed", "input_seed", "offset_seed", "trials_per_cell", "reference_runs", "mechanisms",
+               "deliveries", "ping_samples"}
+_WORKLOAD_KEYS = set(WorkloadSpec.__dataclass_fields__) - {"extra"}
+_SPEECH_EXTRA = {"max_frames", "language", "sample_rate", "prompt_batch", "batch_max_tokens", "speaker",
+                 "temperature", "chunk_frames", "min_frames"}
+
+
+def _int(value, where: str, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{where} must be >= {minimum}, got {value}")
+    return value
+
+
+def _names(value, where: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(f"{where} must be a non-empty list")
+    for v in value:
+        if v not in allowed:
+            raise ConfigError(f"{where}: unknown value {v!r} (known: {', '.join(allowed)})")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{where}: duplicate values in {list(value)}")
+    return tuple(value)
+
+
+def _workload(raw: dict, i: int) -> WorkloadSpec:
+    where = f"workload[{i}]"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a table")
+    unknown = set(raw) - _WORKLOAD_KEYS - _SPEECH_EXTRA
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    if "name" not in raw or not isinstance(raw["name"], str) or not raw["name"].strip():
+        raise ConfigError(f"{where}: 'name' is required")
+    engine = raw.get("engine", "text")
+    if engine not in ENGINES:
+        raise ConfigError(f"{where}: unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    kwargs = {k: v for k, v in raw.items() if k in _WORKLOAD_KEYS}
+    for key in ("n_threads", "n_batch", "n_ubatch", "chunk_tokens", "prompt_tokens", "max_tokens",
+                "duration_us", "period_us"):
+        if key in kwargs:
+            _int(kwargs[key], f"{where}.{key}", 1)
+    for key in ("n_gpu_layers", "n_ctx"):
+        if key in kwargs:
+            _int(kwargs[key], f"{where}.{key}", 0 if key == "n_ctx" else -1)
+    extra = {k: v for k, v in raw.items() if k in _SPEECH_EXTRA}
+    spec = WorkloadSpec(**kwargs, extra=extra)
+    if spec.n_ubatch > spec.n_batch:
+        raise ConfigError(f"{where}: n_ubatch ({spec.n_ubatch}) must be <= n_batch ({spec.n_batch})")
+    if spec.engine in ("tts", "stt") and spec.model == WorkloadSpec.model:
+        raise ConfigError(f"{where}: engine {spec.engine} needs 'model' (and 'mmproj')")
+    if spec.engine in ("tts", "stt") and not spec.mmproj:
+        raise ConfigError(f"{where}: engine {spec.engine} needs 'mmproj'")
+    if spec.engine != "probe" and not spec.model.startswith("fixture:") and not spec.lock:
+        raise ConfigError(f"{where}: model {spec.model} needs a 'lock' file (see `cancelbench lock`)")
+    return spec
+
+
+def parse_config(data: dict) -> SweepConfig:
+    """Validate a parsed TOML document; defaults fill what is absent."""
+    unknown = set(data) - {"sweep", "offsets", "devices", "workload"}
+    if unknown:
+        raise ConfigError(f"unknown top-level table(s): {', '.join(sorted(unknown))}")
+    sweep = data.get("sweep", {})
+    if set(sweep) - _SWEEP_KEYS:
+        raise ConfigError(f"[sweep]: unknown key(s) {', '.join(sorted(set(sweep) - _SWEEP_KEYS))}")
+    kw: dict = {}
+    for key in ("seed", "input_seed", "offset_seed"):
+        if key in sweep:
+            kw[key] = _int(sweep[key], f"sweep.{key}", 0)
+    if "trials_per_cell" in sweep:
+        kw["trials_per_cell"] = _int(sweep["trials_per_cell"], "sweep.trials_per_cell", 1)
+    if "reference_runs" in sweep:
+        kw["reference_runs"] = _int(sweep["reference_runs"], "sweep.reference_runs", 3)
+    if "ping_samples" in sweep:
+        kw["ping_samples"] = _int(sweep["ping_samples"], "sweep.ping_samples", 1)
+    if "mechanisms" in sweep:
+        kw["mechanisms"] = _names(sweep["mechanisms"], "sweep.mechanisms", MECHANISMS)
+    if "deliveries" in sweep:
+        kw["deliveries"] = _names(sweep["deliveries"], "sweep.deliveries", DELIVERIES)
+
+    off = data.get("offsets", {})
+    if set(off) - {"plan", "fixed_ms", "min_per_phase", "max_fraction"}:
+        raise ConfigError(f"[offsets]: unknown key(s) {', '.join(sorted(set(off) - set(OffsetSpec.__dataclass_fields__)))}")
+    plan = off.get("plan", "uniform")
+    if plan not in OFFSET_PLANS:
+        raise ConfigError(f"offsets.plan: unknown plan {plan!r} (known: {', '.join(OFFSET_PLANS)})")
+    fixed = off.get("fixed_ms", [])
+    if not isinstance(fixed, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in fixed):
+        raise ConfigError("offsets.fixed_ms must be a list of numbers (ms)")
+    if any(v < 0 or v != v or v == float("inf") for v in fixed):
+        raise ConfigError(f"offsets.fixed_ms: offsets must be finite and >= 0, got {fixed}")
+    if plan == "fixed" and not fixed:
+        raise ConfigError("offsets.plan = 'fixed' needs a non-empty offsets.fixed_ms")
+    max_fraction = off.get("max_fraction", 1.0)
+    if isinstance(max_fraction, bool) or not isinstance(max_fraction, (int, float)) or not 0 < max_fraction <= 2:
+        raise ConfigError(f"offsets.max_fraction must be in (0, 2], got {max_fraction!r}")
+    offsets = OffsetSpec(plan=plan, fixed_ms=tuple(float(v) for v in fixed),
+                         min_per_phase=_int(off.get("min_per_phase", 5), "offsets.min_per_phase", 1),
+                         max_fraction=float(max_fraction))
+
+    dev = data.get("devices", {})
+    if set(dev) - {"backends", "hosts", "labels"}:
+        raise ConfigError(f"[devices]: unknown key(s) {', '.join(sorted(set(dev) - {'backends', 'hosts', 'labels'}))}")
+    labels = dev.get("labels", {})
+    if not isinstance(labels, dict):
+        raise ConfigError("devices.labels must be a table of label = value")
+    hosts = dev.get("hosts", [])
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        raise ConfigError("devices.hosts must be a list of host names")
+    devices = DeviceSelector(backends=_names(dev.get("backends", ["cpu"]), "devices.backends", BACKENDS),
+                             hosts=tuple(hosts),
+                             labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())))
+
+    raw_workloads = data.get("workload", [])
+    if not isinstance(raw_workloads, list):
+        raise ConfigError("[[workload]] must be an array of tables")
+    workloads = tuple(_workload(w, i) for i, w in enumerate(raw_workloads)) or DEFAULT_CONFIG.workloads
+    names = [w.name for w in workloads]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"workload names must be unique, got {names}")
+    return SweepConfig(offsets=offsets, devices=devices, workloads=workloads, **kw)
+
+
+def load_config(path: Path | None) -> SweepConfig:
+    """Read and validate a TOML sweep config; ``None`` gives the built-in default."""
+    if path is None:
+        return DEFAULT_CONFIG
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: malformed TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    try:
+        return parse_config(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def load_inputs(workload: WorkloadSpec) -> list[dict]:
+    """The workload's input corpus: a JSON-lines file of {"id", "text"} or {"id", "wav"}."""
+    path = CORPORA_DIR / f"{workload.inputs}.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"workload {workload.name}: unknown input corpus {workload.inputs!r} ({path} missing)")
+    items = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{n}: bad JSON line ({exc})") from None
+        if "id" not in item:
+            raise ConfigError(f"{path}:{n}: input without an 'id'")
+        items.append(item)
+    if not items:
+        raise ConfigError(f"{path}: empty input corpus")
+    return items

@@ -1,0 +1,138 @@
+"""Bad input: a clear one-line error, exit 2, and results already written untouched."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from datasets.locks import sha256_file
+from orchestrator.schema import empty_row
+from orchestrator.sink import RecordSink, write_json_atomic
+
+
+def cancelbench(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+
+
+@pytest.fixture()
+def results(tmp_path):
+    """An existing results directory that bad commands must not touch."""
+    out = tmp_path / "results"
+    sink = RecordSink(out)
+    row = empty_row() | {"trial_id": "t1", "trial_kind": "cancel", "outcome": "cancelled", "backend": "cpu",
+                         "host": "h", "latency_ms": 1.0}
+    sink.add(row)
+    sink.close()
+    write_json_atomic(out / "manifest.json", {"schema_version": 1, "sweep_id": "old", "config": {}})
+    return out
+
+
+def snapshot(d: Path) -> dict:
+    return {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
+
+
+def write(tmp_path, text: str) -> Path:
+    p = tmp_path / "sweep.toml"
+    p.write_text(text)
+    return p
+
+
+def real_model_config(tmp_path, model: Path, lock: Path) -> Path:
+    return write(tmp_path, f"""
+[[workload]]
+name = "real"
+model = "{model}"
+lock = "{lock}"
+""")
+
+
+@pytest.fixture()
+def locked_model(tmp_path, small_text_model):
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(small_text_model, model)
+    lock = tmp_path / "lock.json"
+    lock.write_text(json.dumps({"name": "m", "files": {"model.gguf": {
+        "size": model.stat().st_size, "sha256": sha256_file(model), "source": "test"}}}))
+    return model, lock
+
+
+BAD_CONFIGS = {
+    "unknown mechanism": ('[sweep]\nmechanisms = ["between_calls", "telepathy"]\n', "unknown value 'telepathy'"),
+    "negative offsets": ('[offsets]\nplan = "fixed"\nfixed_ms = [10, -5]\n', "must be finite and >= 0"),
+    "malformed toml": ('[sweep\nseed = 1\n', "malformed TOML"),
+    "unknown backend": ('[devices]\nbackends = ["tpu"]\n', "unknown value 'tpu'"),
+    "unknown plan": ('[offsets]\nplan = "sometimes"\n', "unknown plan"),
+    "bad trials": ('[sweep]\ntrials_per_cell = 0\n', "trials_per_cell must be >= 1"),
+    "unknown key": ('[sweep]\nseeed = 3\n', "unknown key(s) seeed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_bad_config_exits_2_with_one_line(case, tmp_path, results):
+    text, message = BAD_CONFIGS[case]
+    before = snapshot(results)
+    r = cancelbench("sweep", "--config", write(tmp_path, text), "--out", results, "--resume")
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert snapshot(results) == before
+
+
+def test_missing_model_file(tmp_path, results, locked_model):
+    model, lock = locked_model
+    model.unlink()
+    r = cancelbench("sweep", "--config", real_model_config(tmp_path, model, lock), "--out", tmp_path / "new")
+    assert r.returncode == 2 and "model file not found" in r.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_truncated_gguf(tmp_path, locked_model):
+    model, lock = locked_model
+    data = model.read_bytes()
+    model.write_bytes(data[: len(data) // 2])
+    r = cancelbench("sweep", "--config", real_model_config(tmp_path, model, lock), "--out", tmp_path / "new")
+    assert r.returncode == 2 and "does not match lock" in r.stderr and "truncated" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "new").exists()
+
+
+def test_sha_mismatch(tmp_path, locked_model):
+    model, lock = locked_model
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 0xFF  # same size, different bytes
+    model.write_bytes(bytes(data))
+    r = cancelbench("sweep", "--config", real_model_config(tmp_path, model, lock), "--out", tmp_path / "new")
+    assert r.returncode == 2 and "sha256" in r.stderr and "does not match lock" in r.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_real_model_without_lock_is_refused(tmp_path, locked_model):
+    model, _ = locked_model
+    cfg = write(tmp_path, f'[[workload]]\nname = "x"\nmodel = "{model}"\n')
+    r = cancelbench("sweep", "--config", cfg, "--out", tmp_path / "new")
+    assert r.returncode == 2 and "needs a 'lock' file" in r.stderr
+
+
+def test_existing_results_dir_without_resume(tmp_path, results):
+    before = snapshot(results)
+    r = cancelbench("sweep", "--out", results)
+    assert r.returncode == 2 and "already holds a sweep" in r.stderr
+    assert snapshot(results) == before
+
+
+def test_missing_config_file(tmp_path):
+    r = cancelbench("sweep", "--config", tmp_path / "nope.toml")
+    assert r.returncode == 2 and "config file not found" in r.stderr
+
+
+def test_lock_command_writes_a_lock_that_verifies(tmp_path, locked_model):
+    model, _ = locked_model
+    out = tmp_path / "my.json"
+    r = cancelbench("lock", model, "--out", out, "--source", "test")
+    assert r.returncode == 0, r.stderr
+    entry = json.loads(out.read_text())["files"]["model.gguf"]
+    assert entry["sha256"] == sha256_file(model) and entry["size"] == model.stat().st_size
