@@ -12,6 +12,7 @@ import json
 import threading
 import time
 import traceback
+from pathlib import Path
 
 import ray
 
@@ -39,7 +40,11 @@ class DeviceAgent:
     def __init__(self, device_id: str = "cpu:0", device_name: str | None = None, n_threads: int | None = None,
                  node_label: str | None = None) -> None:
         self.device_id = device_id
-        self.meta = probe_host(device_id, device_name, n_threads)
+        devices = self._probe_devices()
+        mine = next((d for d in devices if d.get("device_id") == device_id), None)
+        self.meta = probe_host(device_id, device_name or (mine or {}).get("description"), n_threads)
+        self.meta["device_present"] = mine is not None
+        self.meta["devices_seen"] = [d.get("device_id") for d in devices]
         if node_label:
             self.meta["node_label"] = node_label
         try:
@@ -53,6 +58,15 @@ class DeviceAgent:
         self._finished: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._engine = None
         self._engine_key: str | None = None
+
+    @staticmethod
+    def _probe_devices() -> list[dict]:
+        """Devices ggml sees in this process (its environment was set by the runtime_env)."""
+        try:
+            from .backends import probe_devices
+            return [d.to_dict() for d in probe_devices()]
+        except Exception as exc:  # a probe failure is reported, not fatal for CPU agents
+            return [{"device_id": "cpu:0", "description": None, "probe_error": str(exc)}]
 
     # -- control group -----------------------------------------------------
     @ray.method(concurrency_group=CONTROL)
@@ -93,6 +107,9 @@ class DeviceAgent:
     @ray.method(concurrency_group=TRIAL)
     def load(self, workload: dict) -> dict:
         """Load the workload's engine once; later trials of the workload reuse it."""
+        workload = dict(workload)
+        if workload.get("n_gpu_layers") is None:  # device default: all layers on a GPU, none on CPU
+            workload["n_gpu_layers"] = 0 if self.device_id.startswith("cpu") else 999
         key = json.dumps(workload, sort_keys=True, default=str)
         if key != self._engine_key:
             from .engines.text import make_engine
@@ -113,6 +130,7 @@ class DeviceAgent:
         offset_ms (agent delivery), seed. Returns the agent half of the record."""
         t_handback = native.now_ns()
         trial_id = spec["trial_id"]
+        spec = _resolve_input(spec)
         progress = Progress()
         ctl = CancelControl(self.token, progress)
         with self._lock:
@@ -170,9 +188,9 @@ class DeviceAgent:
             row["t_received_ns"] = ctl.received_ns
             row.update(ctl.at_receipt)
             row["t_native_returned_ns"] = ctl.native_returned_ns
-            seen = self.token.seen_ns
+            seen = ctl.token.seen_ns  # the token the engine actually armed
             row["t_native_observed_ns"] = seen or None
-        row["abort_polls"] = self.token.polls
+        row["abort_polls"] = ctl.token.polls
         return row
 
     def _meta_columns(self) -> dict:
@@ -186,6 +204,16 @@ class DeviceAgent:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+
+
+def _resolve_input(spec: dict) -> dict:
+    """Corpus audio paths are relative to the datasets package on the agent's host."""
+    wav = spec.get("wav")
+    if wav:
+        from datasets.fixtures import DATASETS_DIR
+        path = Path(wav)
+        spec = {**spec, "input": str(path if path.is_absolute() else DATASETS_DIR / path)}
+    return spec
 
 
 def remote_agent_class():

@@ -40,6 +40,8 @@ def _load() -> ctypes.CDLL:
     i64 = ctypes.c_int64
     lib.cb_now_ns.restype = i64
     lib.cb_now_ns.argtypes = []
+    lib.cb_set_clock_skew_ns.restype = None
+    lib.cb_set_clock_skew_ns.argtypes = [i64]
     lib.cb_token_new.restype = p
     lib.cb_token_new.argtypes = []
     lib.cb_token_free.restype = None
@@ -64,6 +66,9 @@ def _load() -> ctypes.CDLL:
 
 
 _lib = _load()
+# Test hook: a known agent-clock skew (ns), so clock-offset estimation can be checked.
+if os.environ.get("CANCELBENCH_TEST_CLOCK_SKEW_NS"):
+    _lib.cb_set_clock_skew_ns(int(os.environ["CANCELBENCH_TEST_CLOCK_SKEW_NS"]))
 
 
 def library_path() -> str:

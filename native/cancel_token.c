@@ -28,10 +28,19 @@ typedef struct cb_token {
     _Atomic uint64_t polls;    /* reader calls since the last reset */
 } cb_token;
 
+/* A constant added to the agent clock. Zero in production; tests set it to
+ * inject a known skew between agent and driver clocks (clock-offset check). */
+static _Atomic int64_t cb_clock_skew_ns = 0;
+
+CB_EXPORT void cb_set_clock_skew_ns(int64_t skew) {
+    atomic_store_explicit(&cb_clock_skew_ns, skew, memory_order_relaxed);
+}
+
 CB_EXPORT int64_t cb_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
+    return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec
+           + atomic_load_explicit(&cb_clock_skew_ns, memory_order_relaxed);
 }
 
 CB_EXPORT cb_token *cb_token_new(void) {

@@ -50,28 +50,72 @@ def connect(address: str | None = None) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "token")
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, namespace=AGENT_NAMESPACE, log_to_driver=True)
+        host = address.split("://")[-1].rsplit(":", 1)[0]
+        if host in ("127.0.0.1", "localhost"):
+            _init_loopback(address)
+        else:
+            ray.init(address=address, namespace=AGENT_NAMESPACE, log_to_driver=True)
     else:
-        ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, namespace=AGENT_NAMESPACE,
+        # address="local": always a new instance, never another session's cluster.
+        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, namespace=AGENT_NAMESPACE,
                  log_to_driver=True, configure_logging=False)
 
 
-def _node_backends(node: dict) -> list[str]:
-    labels = node.get("Labels") or {}
+def _init_loopback(address: str) -> None:
+    """Join a cluster bound to 127.0.0.1 without leaving loopback.
+
+    ray.init rewrites a loopback bootstrap address to the host's primary IP
+    (ray-project/ray#59110), which a loopback-only cluster does not listen on.
+    Keep the address as given and bind the driver to loopback too.
+    """
+    from ray._private import services
+
+    original = services.resolve_ip_for_localhost
+    services.resolve_ip_for_localhost = lambda h: "127.0.0.1" if h in ("127.0.0.1", "localhost") else original(h)
+    try:
+        ray.init(address=address, namespace=AGENT_NAMESPACE, log_to_driver=True, _node_ip_address="127.0.0.1")
+    finally:
+        services.resolve_ip_for_localhost = original
+
+
+@ray.remote(num_cpus=0)
+def _probe_node_devices() -> list[str]:
+    """Runs on one node: every device its llama.cpp build and hardware offer."""
+    from device_agents.backends import probe_all_devices
+
+    return [d.device_id for d in probe_all_devices()]
+
+
+def _declared_devices(labels: dict) -> list[str] | None:
     declared = labels.get(BACKENDS_LABEL)
-    if declared:
-        return [b.strip() for b in declared.split(",") if b.strip()]
-    return ["cpu"]
+    if not declared:
+        return None
+    out = []
+    for item in declared.split(","):
+        item = item.strip()
+        if item:
+            out.append(item if ":" in item else f"{item}:0")
+    return out
+
+
+def _node_devices(node: dict, labels: dict) -> list[str]:
+    declared = _declared_devices(labels)
+    if declared is not None:
+        return declared
+    strategy = NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False)
+    return ray.get(_probe_node_devices.options(scheduling_strategy=strategy).remote(), timeout=300)
 
 
 def discover_slots(selector: DeviceSelector) -> list[DeviceSlot]:
-    """Device slots on alive nodes matching the selector; one per (node, backend device).
+    """Device slots on alive nodes matching the selector; one per (node, device).
 
-    Backends a node offers come from its ``cancelbench.io/backends`` label (set
-    with ``ray start --labels``); unlabelled nodes offer ``cpu``. Each agent
-    then probes its real devices; a declared backend the build cannot see is
-    reported by the agent, not guessed here.
+    A node's devices come from its ``cancelbench.io/backends`` label when set
+    (``ray start --labels``; e.g. ``cpu,vulkan:0``), else from a probe task run
+    on that node. Each agent probes its own device again at start, so a label
+    that claims a device the build cannot see is caught before any trial.
     """
+    from device_agents.backends import backend_env
+
     slots: list[DeviceSlot] = []
     for node in ray.nodes():
         if not node.get("Alive"):
@@ -82,9 +126,10 @@ def discover_slots(selector: DeviceSelector) -> list[DeviceSlot]:
             continue
         if any(labels.get(k) != v for k, v in selector.labels):
             continue
-        for backend in _node_backends(node):
-            if backend in selector.backends:
-                slots.append(DeviceSlot(node_id=node["NodeID"], host=host, device_id=f"{backend}:0", labels=labels))
+        for device_id in _node_devices(node, labels):
+            if device_id.split(":", 1)[0] in selector.backends:
+                slots.append(DeviceSlot(node_id=node["NodeID"], host=host, device_id=device_id, labels=labels,
+                                        env=backend_env(device_id)))
     wanted = set(selector.backends)
     found = {s.backend for s in slots}
     missing = wanted - found
@@ -94,10 +139,11 @@ def discover_slots(selector: DeviceSelector) -> list[DeviceSlot]:
     return sorted(slots, key=lambda s: s.key)
 
 
-def start_agent(slot: DeviceSlot, n_threads: int, max_restarts: int = 3):
+def start_agent(slot: DeviceSlot, n_threads: int, max_restarts: int = 3, name: str | None = None):
     """Start the agent actor pinned to its node, with the device's environment."""
     env = dict(slot.env)
     options = dict(
+        name=name,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=slot.node_id, soft=False),
         num_cpus=0,  # agents pace themselves: one trial at a time per device
         max_restarts=max_restarts,
@@ -106,3 +152,11 @@ def start_agent(slot: DeviceSlot, n_threads: int, max_restarts: int = 3):
     )
     return remote_agent_class().options(**options).remote(
         device_id=slot.device_id, n_threads=n_threads, node_label=slot.host)
+
+
+def check_agents(slots: list[DeviceSlot], probes: list[dict]) -> None:
+    """Every agent must see the device it was started for (labels can claim too much)."""
+    bad = [f"{s.key} (its llama.cpp build sees: {', '.join(p.get('devices_seen') or ['nothing'])})"
+           for s, p in zip(slots, probes) if not p.get("device_present")]
+    if bad:
+        raise ClusterError("device(s) not available on their host: " + "; ".join(bad))

@@ -35,19 +35,22 @@ class WorkloadSpec:
     n_threads: int = 2
     n_ctx: int = 0  # 0: derived by the engine
     n_batch: int = 256
-    n_ubatch: int = 256
+    n_ubatch: int | None = None  # None: n_batch
     chunk_tokens: int = 32
     prompt_tokens: int = 256
     max_tokens: int = 16
-    n_gpu_layers: int = 0
+    n_gpu_layers: int | None = None  # None: all layers on GPU devices, none on CPU
+    backends: tuple[str, ...] = ()  # run only on devices of these backends (empty: all)
     duration_us: int = 200_000  # probe engine
     period_us: int = 1_000  # probe engine
     extra: dict = field(default_factory=dict)  # engine-specific settings (tts/stt)
 
     def engine_params(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "inputs", "lock")}
+        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "inputs", "lock", "backends")}
         if not d["n_ctx"]:
             d.pop("n_ctx")
+        if d["n_ubatch"] is None:
+            d["n_ubatch"] = d["n_batch"]
         d.update(self.extra)
         return d
 
@@ -98,8 +101,8 @@ DEFAULT_CONFIG = SweepConfig()
 _SWEEP_KEYS = {"seed", "input_seed", "offset_seed", "trials_per_cell", "reference_runs", "mechanisms",
                "deliveries", "ping_samples"}
 _WORKLOAD_KEYS = set(WorkloadSpec.__dataclass_fields__) - {"extra"}
-_SPEECH_EXTRA = {"max_frames", "language", "sample_rate", "prompt_batch", "batch_max_tokens", "speaker",
-                 "temperature", "chunk_frames", "min_frames"}
+# Engine-specific keys passed through to the engine (tts/stt).
+_SPEECH_EXTRA = {"max_frames", "lang", "top_k", "temp", "seed", "system_prompt"}
 
 
 def _int(value, where: str, minimum: int | None = None) -> int:
@@ -141,9 +144,11 @@ def _workload(raw: dict, i: int) -> WorkloadSpec:
     for key in ("n_gpu_layers", "n_ctx"):
         if key in kwargs:
             _int(kwargs[key], f"{where}.{key}", 0 if key == "n_ctx" else -1)
+    if "backends" in kwargs:
+        kwargs["backends"] = _names(kwargs["backends"], f"{where}.backends", BACKENDS)
     extra = {k: v for k, v in raw.items() if k in _SPEECH_EXTRA}
     spec = WorkloadSpec(**kwargs, extra=extra)
-    if spec.n_ubatch > spec.n_batch:
+    if spec.n_ubatch is not None and spec.n_ubatch > spec.n_batch:
         raise ConfigError(f"{where}: n_ubatch ({spec.n_ubatch}) must be <= n_batch ({spec.n_batch})")
     if spec.engine in ("tts", "stt") and spec.model == WorkloadSpec.model:
         raise ConfigError(f"{where}: engine {spec.engine} needs 'model' (and 'mmproj')")

@@ -67,7 +67,10 @@ def build_plan(config: SweepConfig, devices: list[str], inputs: dict[str, list[s
     in_seed, off_seed = config.effective_input_seed, config.effective_offset_seed
     offsets = config.offsets
     for device in sorted(devices):
+        backend = device.rsplit("/", 1)[-1].split(":", 1)[0]
         for wl in config.workloads:
+            if wl.backends and backend not in wl.backends:
+                continue
             refs: list[TrialSpec] = []
             cancels: list[TrialSpec] = []
             ids = inputs[wl.name]

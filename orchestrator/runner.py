@@ -183,9 +183,12 @@ class Sweep:
         except cluster.ClusterError as exc:
             raise SweepInputError(str(exc)) from None
         n_threads = max(w.n_threads for w in self.config.workloads)
-        agents = {s.key: cluster.start_agent(s, n_threads, self.max_restarts) for s in slots}
+        sweep_id = existing.get("sweep_id") or f"sw-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        # Named, so an operator (or a test) can find a sweep's agents: cancelbench/<sweep>/<host>/<device>.
+        agents = {s.key: cluster.start_agent(s, n_threads, self.max_restarts, name=f"{sweep_id}/{s.key}")
+                  for s in slots}
         try:
-            return self._run(slots, agents, inputs, payloads, existing)
+            return self._run(sweep_id, slots, agents, inputs, payloads, existing)
         finally:
             for a in agents.values():
                 try:
@@ -193,9 +196,13 @@ class Sweep:
                 except Exception:
                     pass
 
-    def _run(self, slots, agents, inputs, payloads, existing) -> SweepResult:
+    def _run(self, sweep_id, slots, agents, inputs, payloads, existing) -> SweepResult:
         slot_by_key = {s.key: s for s in slots}
         probes = {k: v for k, v in zip(agents, ray.get([a.probe.remote() for a in agents.values()]))}
+        try:
+            cluster.check_agents([slot_by_key[k] for k in probes], list(probes.values()))
+        except cluster.ClusterError as exc:
+            raise SweepInputError(str(exc)) from None
         # Load every workload once up front: a bad model is an input error before any trial.
         for key, agent in agents.items():
             for wl in self.config.workloads:
@@ -206,7 +213,6 @@ class Sweep:
         offsets = {k: estimate_offset(lambda a=a: ray.get(a.ping.remote()), self.config.ping_samples)
                    for k, a in agents.items()}
         plan = build_plan(self.config, list(agents), {n: list(v) for n, v in inputs.items()})
-        sweep_id = existing.get("sweep_id") or f"sw-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.out_dir.mkdir(parents=True, exist_ok=True)
         plan_table = pa.Table.from_pylist([t.to_dict() for t in plan])
         plan_sha = hashlib.sha256(json.dumps([t.to_dict() for t in plan], sort_keys=True).encode()).hexdigest()
@@ -305,6 +311,7 @@ class _DeviceRun:
             self.refs[(r["workload"], r["mechanism"])].append(r)
         self.loaded: dict | None = None
         self.loaded_name: str | None = None
+        self.last_phase: str | None = None  # last phase seen by status polls during a trial
         self.config = sweep.config
 
     def run(self) -> list[str]:
@@ -312,11 +319,17 @@ class _DeviceRun:
             try:
                 self._ensure_loaded(trial.workload)
                 self.record(self.key, self._run_trial(trial))
+            except ray.exceptions.ActorUnschedulableError:
+                # Its node is gone: this trial and the rest cannot run on this device.
+                return [t.trial_id for t in self.trials[i:]]
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
                 self.record(self.key, self._lost_row(trial, exc))
                 if not self._await_restart():
                     return [t.trial_id for t in self.trials[i + 1:]]
         return []
+
+    def engine_of(self, workload: str) -> str:
+        return next(w.engine for w in self.config.workloads if w.name == workload)
 
     def _ensure_loaded(self, name: str) -> None:
         if self.loaded_name != name:
@@ -331,11 +344,13 @@ class _DeviceRun:
                 ray.get(self.agent.ping.remote(), timeout=5)
                 self.loaded_name = None  # a restarted agent has no model loaded
                 return True
-            except ray.exceptions.RayActorError as exc:
-                if "restart" not in str(exc).lower() and not isinstance(exc, ray.exceptions.ActorUnavailableError):
-                    return False
-                time.sleep(0.5)
+            except ray.exceptions.ActorUnschedulableError:
+                return False  # pinned to a node that is gone
             except (ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
+                time.sleep(0.5)
+            except ray.exceptions.RayActorError as exc:
+                if "restart" not in str(exc).lower():
+                    return False  # died for good (restarts exhausted, node gone)
                 time.sleep(0.5)
         return False
 
@@ -365,8 +380,11 @@ class _DeviceRun:
         row = self._base_row(trial)
         item = self.inputs[trial.workload][trial.input_id]
         spec = {"trial_id": trial.trial_id, "input_id": trial.input_id, "mechanism": trial.mechanism,
-                "delivery": trial.delivery, "seed": self.config.seed,
-                "input": item.get("text", item.get("wav", "")), "language": item.get("language")}
+                "delivery": trial.delivery, "seed": self.config.seed, "input": item.get("text", ""),
+                "wav": item.get("wav"), "lang": item.get("lang")}
+        if trial.trial_kind == "reference" and self.engine_of(trial.workload) == "tts":
+            # An uncancelled synthesis is kept so a person can listen to it.
+            spec["wav_out"] = str((self.sweep.out_dir / "audio" / f"{trial.trial_id}.wav").resolve())
         ref_key = (trial.workload, trial.mechanism)
         target_ms = None
         if trial.trial_kind == "cancel":
@@ -391,6 +409,13 @@ class _DeviceRun:
             cancel_ref = self.agent.cancel.remote(trial.trial_id)
             issue = {"t_issued_driver_ns": issued, "t_issued_ns": self.offset.to_agent(issued),
                      "t_cancel_scheduled_ns": self.offset.to_agent(scheduled)}
+        self.last_phase = None
+        while not ray.wait([ref], timeout=0.5)[0]:
+            # Long trial: note its phase, so a trial lost to an agent death says where it died.
+            try:
+                self.last_phase = ray.get(self.agent.status.remote(), timeout=2).get("phase")
+            except Exception:
+                break
         agent_row = ray.get(ref)
         reply = ray.get(cancel_ref) if cancel_ref is not None else None
         row.update({k: v for k, v in agent_row.items() if v is not None or k not in row})
@@ -408,7 +433,8 @@ class _DeviceRun:
 
     def _lost_row(self, trial: TrialSpec, exc: BaseException) -> dict:
         row = self._base_row(trial)
-        row.update(outcome="lost", error=f"agent died during the trial: {_unwrap(exc)}"[:2000])
+        row.update(outcome="lost", phase_at_terminal=self.last_phase,
+                   error=f"agent died during the trial: {_unwrap(exc)}"[:2000])
         return derive(row)
 
 

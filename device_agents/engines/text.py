@@ -35,7 +35,7 @@ class TextEngine:
         self.prompt_tokens = int(workload.get("prompt_tokens", 256))
         self.n_ctx = int(workload.get("n_ctx", max(512, self.prompt_tokens + self.max_tokens + 8)))
         self.n_threads = int(workload.get("n_threads", 2))
-        self.n_gpu_layers = int(workload.get("n_gpu_layers", 0))
+        self.n_gpu_layers = int(workload.get("n_gpu_layers") or 0)
         if self.prompt_tokens + self.max_tokens > self.n_ctx:
             raise EngineInputError(f"prompt_tokens + max_tokens ({self.prompt_tokens + self.max_tokens}) "
                                    f"exceeds n_ctx {self.n_ctx}")
