@@ -1,0 +1,184 @@
+"""Report scale benchmark: N synthetic cancel records (default 1,000,000) in
+the real dataset layout, then time each stage of ``cancelbench report``.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_report.py [--records N] [--keep DIR] [--ray]
+
+Prints a JSON object and writes it to benchmarks/results/report_scale.json.
+The tables target is < 10 s on a 2-core machine; HTML plots sample and are
+timed separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.schema import FILE_SCHEMA, SCHEMA_VERSION  # noqa: E402
+from orchestrator.sink import MANIFEST, records_dir, write_json_atomic  # noqa: E402
+
+DEVICES = [("mac1", "metal", "metal:0", "Apple M2", "darwin", "arm64"),
+           ("lin1", "cpu", "cpu:0", "AMD EPYC", "linux", "x86_64"),
+           ("lin1", "vulkan", "vulkan:0", "Radeon 780M", "linux", "x86_64"),
+           ("lin2", "cuda", "cuda:0", "RTX 4090", "linux", "x86_64"),
+           ("win1", "cpu", "cpu:0", "Intel i7", "windows", "amd64")]
+WORKLOADS = ["tts-short", "tts-long", "stt"]
+PHASES = ["prefill", "decode", "code2wav", "encode", "idle"]
+MECHANISMS = ["between_calls", "abort_callback", "chunked", "graph_eval"]
+DELIVERIES = ["driver", "agent"]
+ROWS_PER_FILE = 50_000
+
+
+def synth(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Columns of n cancel records (only what reports read is realistic)."""
+    pick = lambda values: np.asarray(values, dtype=object)[rng.integers(0, len(values), n)]  # noqa: E731
+    latency = rng.lognormal(1.5, 0.8, n)
+    deliver = rng.lognormal(-1.0, 0.5, n)
+    observe = np.where(rng.random(n) < 0.5, rng.lognormal(-2, 0.5, n), np.nan)
+    settle = latency * 0.1
+    ret = latency - np.nan_to_num(observe) - settle
+    outcome = np.where(rng.random(n) < 0.0005, "dropped", np.where(rng.random(n) < 0.02, "completed", "cancelled"))
+    cancelled = outcome == "cancelled"
+    nan_unless = lambda x: np.where(cancelled, x, np.nan)  # noqa: E731
+    return {
+        "trial_id": np.char.add("t", np.arange(n).astype(str)).astype(object),
+        "trial_kind": np.full(n, "cancel", dtype=object),
+        "sweep_id": np.full(n, "bench", dtype=object),
+        "workload": pick(WORKLOADS), "phase_at_receipt": pick(PHASES),
+        "mechanism": pick(MECHANISMS), "delivery": pick(DELIVERIES), "outcome": outcome.astype(object),
+        "latency_ms": nan_unless(latency), "deliver_ms": nan_unless(deliver), "observe_ms": nan_unless(observe),
+        "return_ms": nan_unless(ret), "settle_ms": nan_unless(settle),
+        "end_to_end_ms": nan_unless(deliver + latency), "cost_ratio": nan_unless(latency / 800.0),
+        "offset_actual_ms": rng.uniform(0, 2000, n),
+    }
+
+
+def write_synthetic(out: Path, n: int, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    per_device = n // len(DEVICES)
+    for d, (host, backend, device, name, plat, arch) in enumerate(DEVICES):
+        m = per_device if d < len(DEVICES) - 1 else n - per_device * (len(DEVICES) - 1)
+        cols = synth(m, rng)
+        cols["trial_id"] = np.char.add(f"{host}-{backend}-", cols["trial_id"].astype(str)).astype(object)
+        cols.update(hostname=np.full(m, host, dtype=object), device=np.full(m, device, dtype=object),
+                    device_name=np.full(m, name, dtype=object), platform=np.full(m, plat, dtype=object),
+                    arch=np.full(m, arch, dtype=object))
+        arrays = {}
+        for f in FILE_SCHEMA:
+            if f.name in cols:
+                v = cols[f.name]
+                mask = None if v.dtype == object else np.isnan(v)
+                arrays[f.name] = pa.array(v, type=f.type, mask=mask, from_pandas=True)
+            elif f.name == "schema_version":
+                arrays[f.name] = pa.array(np.full(m, SCHEMA_VERSION, dtype=np.int32))
+            else:
+                arrays[f.name] = pa.nulls(m, f.type)
+        table = pa.table(arrays, schema=FILE_SCHEMA)
+        part = records_dir(out) / f"backend={backend}" / f"host={host}"
+        part.mkdir(parents=True, exist_ok=True)
+        for i in range(0, m, ROWS_PER_FILE):
+            pq.write_table(table.slice(i, ROWS_PER_FILE), part / f"part-bench-{i // ROWS_PER_FILE:06d}.parquet")
+    write_json_atomic(out / MANIFEST, {"schema_version": SCHEMA_VERSION, "sweep_id": "bench"})
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - t
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--keep", type=Path, help="write the dataset here and keep it")
+    ap.add_argument("--ray", action="store_true", help="also time --engine ray (local cluster, 2 CPUs)")
+    ap.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "report_scale.json")
+    args = ap.parse_args(argv)
+
+    from reports import Filters, ReportSpec, build_report, load_defects
+    from reports.diff import run_diff
+    from reports.format import to_json, to_markdown, to_terminal
+    from reports.html import to_html
+    from reports.load import TABLE_COLUMNS, load_frame, load_plot_samples
+    from reports.tables import aggregate_cells, aggregate_hops, device_infos
+
+    tmp = None
+    out = args.keep or Path(tmp := tempfile.mkdtemp(prefix="cb-bench-")) / "sweep"
+    try:
+        _, t_write = _timed(lambda: write_synthetic(out, args.records))
+        spec = ReportSpec()
+        loaded, t_load = _timed(lambda: load_frame([out], TABLE_COLUMNS, Filters()))
+        frame = loaded.frame
+        cells, t_cells = _timed(lambda: aggregate_cells(frame, spec))
+        _, t_hops = _timed(lambda: (aggregate_hops(frame), device_infos(frame)))
+        _, t_defects = _timed(lambda: load_defects([out], Filters()))
+        del loaded, frame
+        report, t_total = _timed(lambda: build_report([out], spec))
+        _, t_render = _timed(lambda: (to_terminal(report), to_markdown(report), to_json(report)))
+        _, t_diff = _timed(lambda: run_diff([out], [out]))
+        # GNU time reports the child's own peak RSS (getrusage of children would count the forked parent).
+        timer = ["/usr/bin/time", "-f", "maxrss_kib=%M"] if Path("/usr/bin/time").exists() else []
+        cli, t_cli = _timed(lambda: subprocess.run(
+            [*timer, sys.executable, "-m", "reports.cli", "report", str(out), "--format", "markdown",
+             "--json", os.devnull], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT))))
+        rss = [ln for ln in cli.stderr.splitlines() if ln.startswith("maxrss_kib=")]
+        samples, t_samples = _timed(lambda: load_plot_samples([out]))
+        page, t_html = _timed(lambda: to_html(report, samples))
+        result = {
+            "records": args.records, "cells": len(cells), "devices": len(DEVICES),
+            "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version(),
+                        "platform": platform.platform()},
+            "seconds": {
+                "write_dataset": round(t_write, 3), "load_and_prepare_columns": round(t_load, 3),
+"aggregate_cells": round(t_cells, 3),
+                "hops_and_devices": round(t_hops, 3), "defects_scan": round(t_defects, 3),
+                "report_tables_end_to_end": round(t_total, 3), "render_text_md_json": round(t_render, 3),
+                "html_samples_scan": round(t_samples, 3), "html_plots": round(t_html, 3),
+                "diff_dataset_against_itself": round(t_diff, 3),
+                "cli_report_markdown_json_fresh_process": round(t_cli, 3),
+            },
+            "cli_exit_code": cli.returncode,
+            "cli_peak_rss_mib": round(int(rss[-1].split("=")[1]) / 1024, 1) if rss else None,
+            "html_bytes": len(page.encode()),
+            "bench_process_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "target_tables_s": 10.0,
+            "tables_within_target": t_total + t_render < 10.0 and t_cli < 10.0,
+        }
+        if args.ray:
+            os.environ.setdefault("RAY_AUTH_MODE", "token")
+            import ray
+
+            ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 log_to_driver=False)
+            ray_report, t_ray = _timed(lambda: build_report([out], spec, engine="ray"))
+            result["seconds"]["report_tables_ray"] = round(t_ray, 3)
+            result["ray_equal_to_pandas"] = to_json(ray_report) == to_json(report)
+            ray.shutdown()
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    text = json.dumps(result, indent=2)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""cancelbench reports: cross-platform tables, bound flags, defects, hop
+decomposition (``report``) and sweep-to-sweep regression checks (``diff``).
+
+``build_report`` is the one entry point both the CLI and the benchmarks use;
+``engine="ray"`` runs the cell aggregation on Ray Data instead of pandas and
+must give identical numbers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .load import DEFECT_OUTCOMES, Filters, TABLE_COLUMNS, load_frame, scan_table
+from .tables import (DEFECT_COLUMNS, Report, ReportSpec, aggregate_cells, aggregate_hops, defects_table,
+                     device_infos)
+
+
+def load_defects(dirs: list[str | Path], filters: Filters) -> pd.DataFrame:
+    """Dropped/lost trials of any kind (a second, narrow scan: cheap)."""
+    f = Filters(workloads=filters.workloads, backends=filters.backends, hosts=filters.hosts,
+                trial_kinds=None, outcomes=DEFECT_OUTCOMES)
+    return defects_table(scan_table(dirs, DEFECT_COLUMNS, f).to_pandas())
+
+
+def build_report(dirs: list[str | Path], spec: ReportSpec = ReportSpec(), filters: Filters = Filters(),
+                 engine: str = "pandas") -> Report:
+    if engine == "ray":
+        from .raydata import build_report_ray
+
+        return build_report_ray(dirs, spec, filters)
+    if engine != "pandas":
+        raise ValueError(f"unknown engine {engine!r}")
+    loaded = load_frame(dirs, TABLE_COLUMNS, filters)
+    frame = loaded.frame
+    return Report(
+        spec=spec, dirs=loaded.dirs, cells=aggregate_cells(frame, spec), hops=aggregate_hops(frame),
+        devices=device_infos(frame), defects=load_defects(dirs, filters), n_records=len(frame),
+    )
+
+
+__all__ = ["Filters", "Report", "ReportSpec", "build_report", "load_defects"]

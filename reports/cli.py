@@ -1,0 +1,189 @@
+"""argparse wiring for ``cancelbench report`` and ``cancelbench diff``.
+
+The main CLI calls ``add_report_parser(subparsers)`` and
+``add_diff_parser(subparsers)``; each sets ``func`` to a callable taking the
+parsed namespace and returning the exit code.  Bad input prints one line on
+stderr and returns 2.  ``python -m reports.cli`` works standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from orchestrator.sink import DatasetError
+
+from .load import Filters
+from .tables import BoundSpec, ReportSpec
+
+
+def _percent(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 100:
+        raise argparse.ArgumentTypeError("percentile must lie in (0, 100)")
+    return value / 100.0
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError("must lie in (0, 1)")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bound", type=_positive, default=50.0, metavar="MS", help="latency bound in ms (default 50)")
+    p.add_argument("--bound-for", action="append", default=[], metavar="WORKLOAD[:PHASE]=MS",
+                   help="bound override for a workload and/or phase ('*:PHASE=MS' for every workload); repeatable")
+    p.add_argument("--confidence", type=_fraction, default=0.95,
+                   help="confidence for minimum sample counts, early stopping and CIs (default 0.95)")
+    p.add_argument("--workload", action="append", help="only these workloads (repeatable; pushed down)")
+    p.add_argument("--backend", action="append", help="only these backends (repeatable; prunes partitions)")
+    p.add_argument("--host", action="append", help="only these (sanitized) hosts (repeatable; prunes partitions)")
+
+
+def _bound_spec(args: argparse.Namespace) -> BoundSpec:
+    return BoundSpec(default_ms=args.bound, overrides=tuple(BoundSpec.parse_override(t) for t in args.bound_for))
+
+
+def _filters(args: argparse.Namespace) -> Filters:
+    tup = lambda v: tuple(v) if v else None  # noqa: E731
+    return Filters(workloads=tup(args.workload), backends=tup(args.backend), hosts=tup(args.host))
+
+
+def _write(path: str, text: str) -> None:
+    Path(path).write_text(text, encoding="utf-8")
+
+
+def _fail(command: str, exc: BaseException) -> int:
+    print(f"cancelbench {command}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+    return 2
+
+
+# ----------------------------------------------------------------- report --
+def add_report_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "report", help="cross-platform latency report of one or more sweep datasets",
+        description="Cross-platform cancel latency report. Exit 0, or 1 when dropped cancels or lost trials "
+                    "exist, 2 on bad input.")
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="sweep result directories")
+    p.add_argument("--format", choices=("terminal", "markdown", "json", "html"), default="terminal",
+                   help="what goes to stdout (default terminal)")
+    p.add_argument("--markdown", metavar="PATH", help="also write the Markdown report here")
+    p.add_argument("--json", metavar="PATH", help="also write the JSON verdict here")
+    p.add_argument("--html", metavar="PATH", help="also write the self-contained HTML page here")
+    p.add_argument("--bound-percentile", type=_percent, default=0.99, metavar="PCT",
+                   help="percentile compared with the bound (default 99)")
+    p.add_argument("--max-defects", type=int, default=50, help="defects listed in text forms (JSON lists all)")
+    p.add_argument("--engine", choices=("pandas", "ray"), default="pandas",
+                   help="aggregate with pandas on this machine (default) or on Ray Data")
+    p.add_argument("--ray-address", default=None,
+                   help="Ray cluster for --engine ray (default: RAY_ADDRESS, else a local Ray on 127.0.0.1)")
+    _add_common(p)
+    p.set_defaults(func=run_report)
+    return p
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from . import build_report
+    from .format import to_json, to_markdown, to_terminal
+
+    try:
+        spec = ReportSpec(bound=_bound_spec(args), bound_percentile=args.bound_percentile, confidence=args.confidence)
+        filters = _filters(args)
+        if args.engine == "ray":
+            from .raydata import build_report_ray
+
+            report = build_report_ray(args.dirs, spec, filters, address=args.ray_address)
+        else:
+            report = build_report(args.dirs, spec, filters)
+        renders = {"terminal": lambda: to_terminal(report, args.max_defects),
+                   "markdown": lambda: to_markdown(report, args.max_defects),
+                   "json": lambda: to_json(report)}
+        if args.format == "html" or args.html:
+            from .html import to_html
+            from .load import load_plot_samples
+
+            page = to_html(report, load_plot_samples(args.dirs, filters))
+            renders["html"] = lambda: page
+            if args.html:
+                _write(args.html, page)
+        if args.markdown:
+            _write(args.markdown, renders["markdown"]())
+        if args.json:
+            _write(args.json, renders["json"]())
+        sys.stdout.write(renders[args.format]())
+    except (DatasetError, ValueError, OSError) as exc:
+        return _fail("report", exc)
+    return report.exit_code
+
+
+# ------------------------------------------------------------------- diff --
+def add_diff_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "diff", help="compare two sweeps cell by cell (regression check for CI)",
+        description="Compare a candidate sweep with a baseline. Exit 1 on regression, 0 otherwise, 2 on bad input.")
+    p.add_argument("baseline", metavar="BASELINE", help="baseline sweep directory")
+    p.add_argument("candidate", metavar="CANDIDATE", help="candidate sweep directory")
+    p.add_argument("--format", choices=("terminal", "markdown", "json"), default="terminal",
+                   help="what goes to stdout (default terminal; markdown is the CI comment)")
+    p.add_argument("--markdown", metavar="PATH", help="also write the Markdown comment here")
+    p.add_argument("--json", metavar="PATH", help="also write the JSON verdict here")
+    p.add_argument("--percentile", type=_percent, default=0.99, metavar="PCT",
+                   help="percentile whose change is tested (default 99)")
+    p.add_argument("--threshold", type=_positive, default=0.10,
+                   help="relative increase that counts as a regression when significant (default 0.10)")
+    p.add_argument("--bootstrap", type=int, default=4000, help="bootstrap replicates (default 4000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--map-class", action="append", default=[], metavar="BASELINE_CLASS=CANDIDATE_CLASS",
+                   help="compare across device classes (platform/arch/backend/device_name), e.g. a Metal baseline "
+                        "with a CPU candidate; repeatable")
+    _add_common(p)
+    p.set_defaults(func=run_diff_cmd)
+    return p
+
+
+def run_diff_cmd(args: argparse.Namespace) -> int:
+    from .diff import DiffSpec, diff_to_json, diff_to_markdown, diff_to_terminal, parse_class_map, run_diff
+
+    try:
+        if args.bootstrap < 100:
+            raise ValueError("--bootstrap must be at least 100")
+        spec = DiffSpec(percentile=args.percentile, rel_threshold=args.threshold, confidence=args.confidence,
+                        n_boot=args.bootstrap, seed=args.seed, bound=_bound_spec(args),
+                        class_map=parse_class_map(args.map_class))
+        result = run_diff([args.baseline], [args.candidate], spec, _filters(args))
+        renders = {"terminal": diff_to_terminal, "markdown": diff_to_markdown, "json": diff_to_json}
+        if args.markdown:
+            _write(args.markdown, diff_to_markdown(result))
+        if args.json:
+            _write(args.json, diff_to_json(result))
+        sys.stdout.write(renders[args.format](result))
+    except (DatasetError, ValueError, OSError) as exc:
+        return _fail("diff", exc)
+    return result.exit_code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cancelbench")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_report_parser(sub)
+    add_diff_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+"""``cancelbench diff BASELINE CANDIDATE``: cell-by-cell regression check.
+
+Cells match on (workload, phase, mechanism, delivery, device class), where the
+device class is ``platform/arch/backend/device_name``: a Metal laptop is
+compared with the same class of Metal laptop (any host name), never with a
+CPU run unless ``class_map`` explicitly pairs the two classes.
+
+Per matched cell the verdict is, first rule that applies:
+
+* **regressed** -- any of: more dropped cancels or lost trials than the
+  baseline; the cell newly over its latency bound; the chosen percentile went
+  up significantly (the seeded bootstrap CI of the change lies above 0) *and*
+  by more than ``rel_threshold`` of the baseline value.
+* **insufficient** -- either side has fewer samples than the percentile needs
+  (``stats.min_samples``).
+* **improved** -- the mirror image of a percentile regression.
+* **unchanged** -- otherwise (a pure noise change lands here: its CI
+  straddles 0 or its size is below the threshold).
+
+A candidate-only cell counts as regressed if it has dropped/lost trials or is
+over the bound; a baseline-only cell is listed as missing.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.sink import DatasetError
+
+from . import stats
+from .format import (MARKDOWN_LIMIT, Section, fmt_ms, jsonable, markdown_document, md_safe,
+                     render_terminal_table, term_safe)
+from .load import TABLE_COLUMNS, Filters, load_frame
+from .tables import ROW_KEYS, BoundSpec, ReportSpec, summarize_cell_arrays
+
+
+class DiffInputError(DatasetError):
+    """Inputs that cannot be compared (bad datasets, no common device class)."""
+
+
+@dataclass(frozen=True)
+class DiffSpec:
+    percentile: float = 0.99
+    rel_threshold: float = 0.10
+    confidence: float = stats.DEFAULT_CONFIDENCE
+    n_boot: int = 4000
+    seed: int = 0
+    bound: BoundSpec = BoundSpec()
+    class_map: tuple[tuple[str, str], ...] = ()  # (baseline class, candidate class) pairs compared across classes
+
+    def report_spec(self) -> ReportSpec:
+        return ReportSpec(bound=self.bound, bound_percentile=self.percentile, confidence=self.confidence,
+                          percentiles=tuple(sorted({0.5, self.percentile})))
+
+
+@dataclass
+class CellDiff:
+    workload: str
+    phase: str
+    mechanism: str
+    delivery: str
+    device_class: str  # candidate's class (the baseline's if only in the baseline)
+    baseline_class: str
+    status: str  # matched | new | missing
+    verdict: str  # regressed | improved | unchanged | insufficient | new | missing
+    reasons: list[str]
+    base_n: int = 0
+    cand_n: int = 0
+    base_p50: float | None = None
+    cand_p50: float | None = None
+    base_value: float | None = None  # chosen percentile; None if insufficient
+    cand_value: float | None = None
+    change_ms: float | None = None
+    rel_change: float | None = None
+    ci_low_ms: float | None = None
+    ci_high_ms: float | None = None
+    base_dropped: int = 0
+    cand_dropped: int = 0
+    base_lost: int = 0
+    cand_lost: int = 0
+    base_over: bool = False
+    cand_over: bool = False
+    cand_worst_trial_ids: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple:
+        return (self.workload, self.phase, self.mechanism, self.delivery, self.device_class)
+
+
+@dataclass
+class DiffResult:
+    spec: DiffSpec
+    baseline: list[str]
+    candidate: list[str]
+    cells: list[CellDiff]
+    baseline_only_classes: list[str]
+    candidate_only_classes: list[str]
+
+    @property
+    def regressed(self) -> list[CellDiff]:
+        return [c for c in self.cells if c.verdict == "regressed"]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.regressed else 0
+
+    def counts(self) -> dict[str, int]:
+        return pd.Series([c.verdict for c in self.cells], dtype=object).value_counts().sort_index().to_dict()
+
+
+@dataclass
+class _Side:
+    stats: object  # CellStats
+    sorted_latency: np.ndarray
+
+
+def _cells_by_class(frame: pd.DataFrame, spec: ReportSpec, class_map: dict[str, str]) -> dict[tuple, _Side]:
+    """Cells keyed by (workload, phase, mechanism, delivery, device class):
+    every host of one class pools into one cell."""
+    cls = frame["platform"].astype(str)
+    for col in ("arch", "backend", "device_name"):
+        cls = cls + "/" + frame[col].astype(str)  # == tables.device_class_key, vectorized
+    if class_map:
+        cls = cls.map(lambda c: class_map.get(c, c))
+    f = frame.assign(device_class=cls.astype("category"))
+    keys = list(ROW_KEYS) + ["device_class"]
+    outcome = f["outcome"].astype(object).to_numpy()
+    lat = f["latency_ms"].to_numpy(dtype=float, na_value=np.nan)
+    cost = f["cost_ratio"].to_numpy(dtype=float, na_value=np.nan)
+    ids = f["trial_id"].astype(object).to_numpy()
+    out = {}
+    for key, idx in f.groupby(keys, sort=True, observed=True).indices.items():
+        cell = summarize_cell_arrays(key, outcome[idx], lat[idx], cost[idx], ids[idx], spec)
+        ok = (outcome[idx] == "cancelled") & ~np.isnan(lat[idx])
+        out[tuple(map(str, key))] = _Side(cell, np.sort(lat[idx][ok]))
+    return out
+
+
+def _cell_seed(seed: int, key: tuple) -> int:
+    """Per-cell seed from the cell key: a cell's CI does not depend on which other cells exist."""
+    return (seed * 1_000_003 + zlib.crc32(json.dumps(list(key)).encode())) % 2**32
+
+
+def compare_cell(key: tuple, base: _Side, cand: _Side, spec: DiffSpec, base_class: str) -> CellDiff:
+    b, c = base.stats, cand.stats
+    plabel = stats.percentile_label(spec.percentile)
+    d = CellDiff(*key, baseline_class=base_class, status="matched", verdict="unchanged", reasons=[],
+                 base_n=b.n, cand_n=c.n, base_p50=b.percentiles.get("p50"), cand_p50=c.percentiles.get("p50"),
+                 base_value=b.percentiles.get(plabel), cand_value=c.percentiles.get(plabel),
+                 base_dropped=b.dropped, cand_dropped=c.dropped, base_lost=b.lost, cand_lost=c.lost,
+                 base_over=b.over, cand_over=c.over, cand_worst_trial_ids=c.worst_trial_ids)
+    if c.dropped > b.dropped:
+        d.reasons.append(f"new dropped cancels: {b.dropped} -> {c.dropped}")
+    if c.lost > b.lost:
+        d.reasons.append(f"new lost trials: {b.lost} -> {c.lost}")
+    if c.over and not b.over:
+        d.reasons.append(f"newly over the {c.bound_ms:g} ms bound ({plabel} {fmt_ms(c.bound_stat_ms)} ms)")
+    need = stats.min_samples(spec.percentile, spec.confidence)
+    improved = insufficient = False
+    if min(b.n, c.n) < need:
+        insufficient = True
+    else:
+        d.change_ms = d.cand_value - d.base_value
+        d.rel_change = d.change_ms / d.base_value if d.base_value > 0 else (float("inf") if d.change_ms > 0 else 0.0)
+        d.ci_low_ms, d.ci_high_ms = stats.bootstrap_diff_ci(
+            base.sorted_latency, cand.sorted_latency, spec.percentile, n_boot=spec.n_boot,
+            confidence=spec.confidence, seed=_cell_seed(spec.seed, key))
+        if d.ci_low_ms > 0 and d.rel_change > spec.rel_threshold:
+            d.reasons.append(f"{plabel} {d.base_value:.2f} -> {d.cand_value:.2f} ms ({d.rel_change:+.0%}, "
+                             f"CI [{d.ci_low_ms:+.2f}, {d.ci_high_ms:+.2f}] ms)")
+        improved = d.ci_high_ms < 0 and d.rel_change < -spec.rel_threshold
+    if d.reasons:
+        d.verdict = "regressed"
+    elif insufficient:
+        d.verdict = "insufficient"
+        d.reasons.append(f"{plabel} needs n >= {need} on both sides ({b.n} vs {c.n})")
+    elif improved:
+        d.verdict = "improved"
+    return d
+
+
+def _one_sided(key: tuple, side: _Side, status: str, base_class: str, spec: DiffSpec) -> CellDiff:
+    s = side.stats
+    plabel = stats.percentile_label(spec.percentile)
+    d = CellDiff(*key, baseline_class=base_class, status=status, verdict=status, reasons=[])
+    if status == "new":
+        d.cand_n, d.cand_p50, d.cand_value = s.n, s.percentiles.get("p50"), s.percentiles.get(plabel)
+        d.cand_dropped, d.cand_lost, d.cand_over, d.cand_worst_trial_ids = s.dropped, s.lost, s.over, s.worst_trial_ids
+        if s.dropped or s.lost:
+            d.reasons.append(f"new cell with {s.dropped} dropped cancels, {s.lost} lost trials")
+        if s.over:
+            d.reasons.append(f"new cell over the {s.bound_ms:g} ms bound ({plabel} {fmt_ms(s.bound_stat_ms)} ms)")
+        if d.reasons:
+            d.verdict = "regressed"
+    else:
+        d.base_n, d.base_p50, d.base_value = s.n, s.percentiles.get("p50"), s.percentiles.get(plabel)
+        d.base_dropped, d.base_lost, d.base_over = s.dropped, s.lost, s.over
+    return d
+
+
+def parse_class_map(pairs: list[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for text in pairs:
+        base, sep, cand = text.partition("=")
+        if not sep or not base or not cand:
+            raise DiffInputError(f"bad --map-class {text!r}: expected BASELINE_CLASS=CANDIDATE_CLASS")
+        out.append((base, cand))
+    return tuple(out)
+
+
+def run_diff(baseline: list[str | Path], candidate: list[str | Path], spec: DiffSpec = DiffSpec(),
+             filters: Filters = Filters()) -> DiffResult:
+    rspec = spec.report_spec()
+    base_frame = load_frame(baseline, TABLE_COLUMNS, filters).frame
+    cand_frame = load_frame(candidate, TABLE_COLUMNS, filters).frame
+    base = _cells_by_class(base_frame, rspec, dict(spec.class_map))
+    cand = _cells_by_class(cand_frame, rspec, {})
+    base_classes = {k[-1] for k in base}
+    cand_classes = {k[-1] for k in cand}
+    common = base_classes & cand_classes
+    if not common:
+        raise DiffInputError(
+            f"no common device class: baseline has {sorted(base_classes)}, candidate has {sorted(cand_classes)}; "
+            "pass --map-class BASELINE_CLASS=CANDIDATE_CLASS to compare across classes")
+    reverse = {c: b for b, c in spec.class_map}
+    cells = []
+    for key in sorted(set(base) | set(cand)):
+        cls = key[-1]
+        if cls not in common:
+            continue
+        base_class = reverse.get(cls, cls)
+        if key in base and key in cand:
+            cells.append(compare_cell(key, base[key], cand[key], spec, base_class))
+        elif key in cand:
+            cells.append(_one_sided(key, cand[key], "new", base_class, spec))
+        else:
+            cells.append(_one_sided(key, base[key], "missing", base_class, spec))
+    order = {"regressed": 0, "insufficient": 2, "improved": 3, "new": 4, "missing": 5, "unchanged": 6}
+    cells.sort(key=lambda d: (order.get(d.verdict, 9), d.key))
+    return DiffResult(spec, [str(p) for p in baseline], [str(p) for p in candidate], cells,
+                      sorted(reverse.get(c, c) for c in base_classes - common), sorted(cand_classes - common))
+
+
+# ------------------------------------------------------------- rendering --
+def _section(result: DiffResult) -> Section:
+    pl = stats.percentile_label(result.spec.percentile)
+    rows = []
+    for d in result.cells:
+        ci = "-" if d.ci_low_ms is None else f"[{d.ci_low_ms:+.2f}, {d.ci_high_ms:+.2f}]"
+        rel = "-" if d.rel_change is None else f"{d.rel_change:+.1%}"
+        rows.append([d.verdict.upper() if d.verdict == "regressed" else d.verdict, d.device_class, d.workload,
+                     d.phase, d.mechanism, d.delivery, f"{d.base_n} -> {d.cand_n}",
+                     f"{fmt_ms(d.base_p50)} -> {fmt_ms(d.cand_p50)}",
+                     f"{fmt_ms(d.base_value)} -> {fmt_ms(d.cand_value)}",
+                     rel, ci, f"{d.base_dropped} -> {d.cand_dropped}", "; ".join(d.reasons),
+                     " ".join(d.cand_worst_trial_ids) if d.verdict == "regressed" else ""])
+    return Section(
+        "Cells", f"{pl} change with a {result.spec.confidence:g} bootstrap CI (seed {result.spec.seed}, "
+        f"{result.spec.n_boot} replicates); regression = CI above 0 and > {result.spec.rel_threshold:.0%}, "
+        "or new dropped/lost, or newly over the bound",
+        ["verdict", "device class", "workload", "phase", "mechanism", "delivery", "n", "p50 ms", f"{pl} ms",
+         f"{pl} change", "CI (ms)", "dropped", "why", "worst candidate trials"], rows)
+
+
+def diff_headline(result: DiffResult) -> str:
+    counts = ", ".join(f"{v} {k}" for k, v in result.counts().items())
+    return (f"verdict: {'REGRESSED' if result.exit_code else 'OK'} (exit {result.exit_code}) - "
+            f"{len(result.cells)} cells: {counts}")
+
+
+def _class_notes(result: DiffResult) -> list[str]:
+    notes = []
+    if result.baseline_only_classes:
+        notes.append("not compared (baseline only): " + ", ".join(result.baseline_only_classes))
+    if result.candidate_only_classes:
+        notes.append("not compared (candidate only): " + ", ".join(result.candidate_only_classes))
+    if result.spec.class_map:
+        notes.append("compared across classes: " + ", ".join(f"{b} -> {c}" for b, c in result.spec.class_map))
+    return notes
+
+
+def diff_to_terminal(result: DiffResult) -> str:
+    s = _section(result)
+    out = ["cancelbench diff", term_safe(diff_headline(result)),
+           term_safe(f"baseline: {', '.join(result.baseline)}  candidate: {', '.join(result.candidate)}"),
+           *(term_safe(n) for n in _class_notes(result)), "", term_safe(s.note)]
+    out += render_terminal_table(s) if s.rows else ["(no cells)"]
+    return "\n".join(out) + "\n"
+
+
+def diff_to_markdown(result: DiffResult, limit: int = MARKDOWN_LIMIT) -> str:
+    """The CI comment; regressions come first, so size truncation cuts the
+    unchanged cells."""
+    head = [f"## cancelbench diff: {'REGRESSED' if result.exit_code else 'OK'}", "", md_safe(diff_headline(result)),
+            "", md_safe(f"baseline: {', '.join(result.baseline)}; candidate: {', '.join(result.candidate)}")]
+    head += ["", *(f"- {md_safe(n)}" for n in _class_notes(result))] if _class_notes(result) else []
+    return markdown_document(head, [_section(result)], [0], limit)
+
+
+def diff_dict(result: DiffResult) -> dict:
+    return jsonable({
+        "verdict": "regressed" if result.exit_code else "ok",
+        "exit_code": result.exit_code,
+        "baseline": result.baseline,
+        "candidate": result.candidate,
+        "percentile": stats.percentile_label(result.spec.percentile),
+        "rel_threshold": result.spec.rel_threshold,
+        "confidence": result.spec.confidence,
+        "seed": result.spec.seed,
+        "n_boot": result.spec.n_boot,
+        "min_samples": stats.min_samples(result.spec.percentile, result.spec.confidence),
+        "counts": result.counts(),
+        "baseline_only_classes": result.baseline_only_classes,
+        "candidate_only_classes": result.candidate_only_classes,
+        "class_map": [list(p) for p in result.spec.class_map],
+        "cells": [asdict(c) for c in result.cells],
+    })
+
+
+def diff_to_json(result: DiffResult) -> str:
+    return json.dumps(diff_dict(result), indent=2, sort_keys=True, allow_nan=False) + "\n"

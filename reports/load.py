@@ -1,0 +1,128 @@
+"""Reading sweep datasets for reports: only the columns a report needs,
+filters pushed down to pyarrow (partition pruning on backend/host), any
+number of result directories concatenated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from orchestrator.sink import DatasetError, open_dataset, read_manifest
+
+# Columns that group cancel rows into cells (before derivation).
+KEY_SOURCE_COLUMNS = ["workload", "phase_at_receipt", "mechanism", "delivery", "host", "backend", "device"]
+# Device identity carried for the legend and for diff's device class.
+DEVICE_COLUMNS = ["hostname", "device_name", "platform", "arch"]
+VALUE_COLUMNS = ["trial_id", "sweep_id", "outcome", "latency_ms", "cost_ratio"]
+HOP_COLUMNS = ["end_to_end_ms", "deliver_ms", "observe_ms", "return_ms", "settle_ms"]
+PLOT_COLUMNS = ["offset_actual_ms"]
+DEFECT_OUTCOMES = ("dropped", "lost")
+
+TABLE_COLUMNS = sorted(set(KEY_SOURCE_COLUMNS + DEVICE_COLUMNS + VALUE_COLUMNS + HOP_COLUMNS))
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Row filters pushed down to the Parquet scan (None = no filter)."""
+
+    workloads: tuple[str, ...] | None = None
+    backends: tuple[str, ...] | None = None
+    hosts: tuple[str, ...] | None = None
+    trial_kinds: tuple[str, ...] | None = ("cancel",)
+    outcomes: tuple[str, ...] | None = None
+
+    def expression(self) -> ds.Expression | None:
+        expr = None
+        for column, values in (
+            ("trial_kind", self.trial_kinds),
+            ("workload", self.workloads),
+            ("backend", self.backends),
+            ("host", self.hosts),
+            ("outcome", self.outcomes),
+        ):
+            if values is None:
+                continue
+            term = pc.field(column).isin(list(values))
+            expr = term if expr is None else expr & term
+        return expr
+
+
+@dataclass
+class Loaded:
+    frame: pd.DataFrame
+    dirs: list[str] = field(default_factory=list)
+    manifests: list[dict] = field(default_factory=list)
+
+
+def open_many(dirs: list[str | Path]) -> list[ds.Dataset]:
+    """Open every directory, failing with a DatasetError naming the bad one."""
+    if not dirs:
+        raise DatasetError("no dataset directories given")
+    out = []
+    for d in dirs:
+        path = Path(d)
+        if not path.exists():
+            raise DatasetError(f"{d}: no such directory")
+        if not path.is_dir():
+            raise DatasetError(f"{d}: not a directory (expected a cancelbench results directory)")
+        out.append(open_dataset(path))
+    return out
+
+
+def scan_table(dirs: list[str | Path], columns: list[str], filters: Filters = Filters()) -> pa.Table:
+    """Concatenate the selected columns of the filtered rows of every dataset."""
+    expr = filters.expression()
+    tables = []
+    for dataset in open_many(dirs):
+        try:
+            tables.append(dataset.to_table(columns=columns, filter=expr))
+        except (pa.ArrowInvalid, OSError) as exc:  # corrupt or foreign parquet files
+            raise DatasetError(f"unreadable records: {exc}") from exc
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def load_frame(dirs: list[str | Path], columns: list[str] | None = None, filters: Filters = Filters()) -> Loaded:
+    """Read the report columns as a *prepared* DataFrame (cell key columns
+    added, see ``tables.prepare_table``); an empty selection is an error (a
+    report over nothing would pass CI silently)."""
+    from .tables import prepare_table
+
+    columns = columns or TABLE_COLUMNS
+    table = scan_table(dirs, columns, filters)
+    if table.num_rows == 0:
+        raise DatasetError(f"{', '.join(map(str, dirs))}: no cancel records (empty dataset or filters match nothing)")
+    table = prepare_table(table)
+    # self_destruct frees each Arrow column once converted: peak memory ~ one copy, not two
+    frame = table.to_pandas(split_blocks=True, self_destruct=True)
+    del table
+    return Loaded(frame=frame, dirs=[str(d) for d in dirs], manifests=[read_manifest(Path(d)) for d in dirs])
+
+
+def records_dirs(dirs: list[str | Path]) -> list[str]:
+    """The records/ directory of each dataset, validated (exists, schema
+    version, at least one Parquet file) so bad input fails before Ray starts."""
+    from orchestrator.sink import records_dir
+
+    datasets = open_many(dirs)
+    if not any(next(iter(d.get_fragments()), None) is not None for d in datasets):
+        raise DatasetError(f"{', '.join(map(str, dirs))}: no cancel records (empty dataset)")
+    return [str(records_dir(Path(d))) for d in dirs]
+
+
+PLOT_SOURCE_COLUMNS = ["workload", "phase_at_receipt", "mechanism", "delivery", "host", "backend", "device",
+                       "outcome", "latency_ms", "offset_actual_ms"]
+
+
+def load_plot_samples(dirs: list[str | Path], filters: Filters = Filters()) -> pd.DataFrame:
+    """Latency samples for the HTML plots (a narrow scan of cancelled trials)."""
+    from .html import samples_frame
+    from .tables import prepare_table
+
+    f = Filters(workloads=filters.workloads, backends=filters.backends, hosts=filters.hosts,
+                trial_kinds=("cancel",), outcomes=("cancelled",))
+    return samples_frame(prepare_table(scan_table(dirs, PLOT_SOURCE_COLUMNS, f)).to_pandas())

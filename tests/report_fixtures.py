@@ -1,0 +1,104 @@
+"""Known-answer datasets for the report/diff tests, written through the real
+RecordSink so the layout is exactly what sweeps produce."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator import schema
+from orchestrator.sink import MANIFEST, RecordSink, write_json_atomic
+
+T0 = 1_000_000_000_000  # agent monotonic ns at hand-back of the first trial
+MS = 1_000_000
+
+DEVICE_DEFAULTS = {
+    "hostA": dict(backend="cpu", device="cpu:0", device_name="AMD EPYC", platform="linux", arch="x86_64"),
+    "hostB": dict(backend="vulkan", device="vulkan:0", device_name="Radeon 780M", platform="linux", arch="x86_64"),
+    "mac1": dict(backend="metal", device="metal:0", device_name="Apple M2", platform="darwin", arch="arm64"),
+    "mac2": dict(backend="metal", device="metal:0", device_name="Apple M2", platform="darwin", arch="arm64"),
+}
+
+
+def cancel_row(
+    trial_id: str,
+    latency_ms: float | None = 10.0,
+    *,
+    host: str = "hostA",
+    workload: str = "tts",
+    phase: str | None = "decode",
+    mechanism: str = "abort_callback",
+    delivery: str = "driver",
+    outcome: str = "cancelled",
+    deliver_ms: float = 1.0,
+    observe_ms: float | None = None,
+    settle_ms: float = 0.0,
+    offset_ms: float = 100.0,
+    reference_ms: float = 1000.0,
+    trial_kind: str = "cancel",
+    sweep_id: str = "sweep-1",
+    **overrides,
+) -> dict:
+    """One record whose timestamps produce exactly the given hop times."""
+    row = schema.empty_row()
+    dev = dict(DEVICE_DEFAULTS.get(host, DEVICE_DEFAULTS["hostA"]))
+    row.update(dev, host=host, hostname=host, sweep_id=sweep_id, trial_id=trial_id, trial_kind=trial_kind,
+               workload=workload, engine="tts", mechanism=mechanism, delivery=delivery, outcome=outcome,
+               phase_at_receipt=phase, reference_ms=reference_ms, seed=1)
+    handback = T0
+    issued = handback + round(offset_ms * MS)
+    row.update(t_handback_ns=handback, t_start_ns=handback + MS, t_cancel_scheduled_ns=issued, t_issued_ns=issued)
+    if outcome in ("cancelled",) and latency_ms is not None:
+        received = issued + round(deliver_ms * MS)
+        terminal = received + round(latency_ms * MS)
+        observed = received + round(observe_ms * MS) if observe_ms is not None else None
+        returned = terminal - round(settle_ms * MS)
+        row.update(t_received_ns=received, t_native_observed_ns=observed, t_native_returned_ns=returned,
+                   t_terminal_ns=terminal)
+    elif outcome == "completed":
+        row.update(t_terminal_ns=issued - MS)
+    elif outcome == "dropped":
+        row.update(t_terminal_ns=handback + round(reference_ms * MS))
+    elif outcome == "lost":
+        row.update(t_issued_ns=None, error="agent lost: actor died")
+    schema.derive(row)
+    row.update(overrides)
+    return row
+
+
+def write_dataset(out_dir: Path, rows: list[dict], schema_version: int = schema.SCHEMA_VERSION) -> Path:
+    out_dir = Path(out_dir)
+    sink = RecordSink(out_dir, flush_every=10**9)
+    for r in rows:
+        sink.add(r)
+    sink.close()
+    write_json_atomic(out_dir / MANIFEST, {"schema_version": schema_version, "sweep_id": "test"})
+    return out_dir
+
+
+def cell_rows(prefix: str, latencies, **kw) -> list[dict]:
+    return [cancel_row(f"{prefix}-{i:04d}", float(v), **kw) for i, v in enumerate(latencies)]
+
+
+def known_answer_rows() -> list[dict]:
+    """The report known-answer dataset.
+
+    hostA/cpu tts decode abort_callback driver : latencies 1..300 ms  -> p50 150, p90 270, p99 297, max 300
+    hostA/cpu tts prefill abort_callback driver: 1..10 ms             -> p50 5, p90/p99 insufficient
+    hostB/vulkan tts decode abort_callback driver: 29 x 2 ms + 1 dropped -> p50 2 p90 2, p99 insufficient
+    hostB/vulkan tts prefill abort_callback driver: 4 samples         -> all insufficient (p50 needs 5)
+    hostA/cpu stt encode between_calls agent   : 299 x 20 ms and 1 x 900 ms -> p99 20 (not over), max 900
+    hostA/cpu stt decode between_calls agent   : 296 x 5 ms, 4 x 80 ms -> p99 80 over the 50 ms bound
+    one lost reference trial on hostA
+    """
+    rows = cell_rows("a-dec", range(1, 301))
+    rows += cell_rows("a-pre", range(1, 11), phase="prefill")
+    rows += cell_rows("b-dec", [2.0] * 29, host="hostB")
+    rows.append(cancel_row("b-dec-dropped", None, host="hostB", outcome="dropped"))
+    rows += cell_rows("b-pre", [3.0, 4.0, 5.0, 6.0], host="hostB", phase="prefill")
+    rows += cell_rows("a-enc", [20.0] * 299 + [900.0], workload="stt", phase="encode", mechanism="between_calls",
+                      delivery="agent")
+    rows += cell_rows("a-sttdec", [5.0] * 296 + [80.0] * 4, workload="stt", phase="decode",
+                      mechanism="between_calls", delivery="agent")
+    rows.append(cancel_row("ref-lost", None, trial_kind="reference", outcome="lost"))
+    rows.append(cancel_row("ref-ok", None, trial_kind="reference", outcome="completed"))
+    return rows
