@@ -165,19 +165,24 @@ def ensure_text_fixture(name: str, out_dir: Path | None = None, verify: bool = T
 
 
 def fixture_lock_entries(name: str) -> dict:
-    """Lock entries (file name -> {size, sha256, source}) for a fixture name."""
+    """Lock entries (file name -> {size, sha256, source}) for every file of a fixture."""
     from .locks import load_lock
 
     if name in TEXT_FIXTURES:
-        locks = load_lock(TEXT_LOCK)
-        fname = TEXT_FIXTURES[name].file_name
-        if fname not in locks:
-            raise KeyError(f"{TEXT_LOCK}: no lock for fixture {name}")
-        lk = locks[fname]
-        return {fname: {"size": lk.size, "sha256": lk.sha256, "source": lk.source}}
-    from . import speech_fixtures  # speech fixtures live in their own module
+        lock_path, files = TEXT_LOCK, [TEXT_FIXTURES[name].file_name]
+    else:
+        from . import speech_fixtures as sf  # speech fixtures live in their own module
 
-    return speech_fixtures.fixture_lock_entries(name)
+        if name not in sf.SPEECH_FIXTURES:
+            known = ", ".join([*TEXT_FIXTURES, *sf.SPEECH_FIXTURES])
+            raise KeyError(f"unknown fixture {name!r} (known: {known})")
+        lock_path = sf.SPEECH_LOCK
+        files = [p.name for p in sf.fixture_paths()[sf.SPEECH_FIXTURES[name]].values()]
+    locks = load_lock(lock_path)
+    missing = [f for f in files if f not in locks]
+    if missing:
+        raise KeyError(f"{lock_path}: no lock for {', '.join(missing)}")
+    return {f: {"size": locks[f].size, "sha256": locks[f].sha256, "source": locks[f].source} for f in files}
 
 
 def ensure_fixture(name: str, role: str = "model") -> Path:

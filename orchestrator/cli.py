@@ -48,8 +48,16 @@ def cmd_sweep(args) -> int:
           f"({', '.join(f'{k} {v}' for k, v in sorted(result.outcomes.items()))})"
           + (f"; {len(result.not_run)} not run" if result.not_run else ""))
     if not args.no_summary:
-        from reports.cli import print_summary
-        print_summary([result.out_dir])
+        from reports import build_report
+        from reports.format import to_terminal
+        from reports.html import to_html
+        from reports.load import load_plot_samples
+
+        report = build_report([result.out_dir])
+        print(to_terminal(report))
+        page = result.out_dir / "report.html"
+        page.write_text(to_html(report, load_plot_samples([result.out_dir])))
+        print(f"HTML report: {page}")
     return result.exit_code
 
 

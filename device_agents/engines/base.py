@@ -79,6 +79,18 @@ class CancelControl:
             self.requested = True
             return True
 
+    def adopt_token(self, token: native.CancelToken) -> None:
+        """Make ``token`` this trial's native token (a hook bound to one token at
+        context creation, e.g. mtmd's cb_eval, needs its own). A cancel already
+        received stays latched on the new token."""
+        with self._lock:
+            if self.token is token:
+                return
+            token.reset()
+            if self.requested:
+                token.set()
+            self.token = token
+
     @contextmanager
     def native_call(self, name: str) -> Iterator[None]:
         """Wrap one native call: progress shows it in flight; its return is timed

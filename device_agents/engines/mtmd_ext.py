@@ -1,0 +1,292 @@
+"""What the speech engines need from libmtmd beyond ``llama_cpp.mtmd_cpp``.
+
+llama-cpp-python 0.3.36 already binds everything the engines call
+(``mtmd_context_params.cb_eval``/``batch_max_tokens``, the gen-audio helper,
+``mtmd_gen_audio_process``, ``mtmd_encode_chunk``, ``llama_batch_ext``), so this
+module holds no new symbol declarations; it holds the glue:
+
+* :func:`init_mtmd` — an mtmd context with an optional *native* ``cb_eval``
+  (``cb_token_eval_reader`` from the cancel-token library, so no Python runs on
+  the compute thread). mtmd hands ``cb_eval`` to every clip context it creates
+  (``mtmd.cpp``: ``clip_context_params.cb_eval``; ``clip.cpp``:
+  ``ggml_backend_sched_set_eval_callback``), which is the only way to stop a
+  clip graph (audio encode, code predictor, code2wav) from outside: llama's
+  abort callback never reaches clip's own scheduler.
+* :func:`bind_token` — points a trial's :class:`CancelControl` at the token the
+  clip scheduler was given at init (``cb_eval_user_data`` is fixed for the
+  context's lifetime, a trial's token is not).
+* :func:`reseed_clip_rng` — clip reseeds its sampling RNG only when the seed
+  *changes* (``clip.cpp`` clip_encode: ``if (params->seed != ctx->rng_seed)``),
+  so two runs with the same seed on one context draw different codes. A
+  GEN_CODE call with another seed and an out-of-range ``code0`` reseeds and then
+  fails the bounds check before any compute, so the next real call reseeds to
+  the trial's seed: same seed, same audio.
+* :func:`read_gguf_kv` / :func:`projector_types` — read an mmproj's projector
+  types from its GGUF header (no load), for a clear error on the wrong file.
+* :func:`quiet_mtmd_logs` — route libmtmd/clip logs away from stderr.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+import wave
+from pathlib import Path
+
+import llama_cpp
+from llama_cpp import mtmd_cpp as M
+
+import native
+
+from .base import CancelControl, EngineInputError
+
+# The native eval reader as a ggml_backend_sched_eval_callback value (a raw C
+# function pointer): asked before a node it answers "show me", after the node it
+# answers "stop" once the token is set. The scheduler then computes the graph
+# node by node, which is what makes it stoppable (and what it costs).
+NATIVE_EVAL_READER = llama_cpp.ggml_backend_sched_eval_callback(native.eval_reader_address())
+
+
+@llama_cpp.llama_log_callback
+def _silent(level, text, user_data):  # pragma: no cover - native callback
+    return None
+
+
+_quiet_once = threading.Lock()
+_quieted = False
+
+
+def quiet_mtmd_logs() -> None:
+    """Send libmtmd / clip / helper logs nowhere (mtmd_helper_log_set covers all three)."""
+    global _quieted
+    with _quiet_once:
+        if not _quieted:
+            M.mtmd_helper_log_set(_silent, None)
+            _quieted = True
+
+
+def init_mtmd(mmproj: Path, model, *, n_threads: int, use_gpu: bool,
+              eval_token: native.CancelToken | None = None, warmup: bool = True):
+    """mtmd_init_from_file with the cancel hook (``eval_token``) or without it."""
+    params = M.mtmd_context_params_default()
+    params.use_gpu = bool(use_gpu)
+    params.n_threads = int(n_threads)
+    params.print_timings = False
+    params.warmup = bool(warmup)
+    if eval_token is not None:
+        params.cb_eval = NATIVE_EVAL_READER
+        params.cb_eval_user_data = ctypes.c_void_p(eval_token.address)
+    ctx = M.mtmd_init_from_file(str(mmproj).encode(), model, params)
+    if not ctx:
+        raise EngineInputError(f"libmtmd could not load the mmproj {mmproj} for this model "
+                               "(wrong projector for the text model, or a truncated file)")
+    return ctx
+
+
+def bind_token(ctl: CancelControl, token: native.CancelToken) -> None:
+    """Make ``token`` the trial's cancel token (a cancel already received stays latched).
+
+    ``cb_eval_user_data`` is fixed when the mtmd context is created, so the clip
+    scheduler polls the engine's own token; the trial's cancel must set that one.
+    The swap happens under the control's lock, so it cannot interleave with
+    :meth:`CancelControl.request`.
+    """
+    ctl.adopt_token(token)
+
+
+def reseed_clip_rng(mctx, n_embd: int, seed: int) -> int:
+    """Force clip's gen RNG to be reseeded with ``seed`` on the next gen call (see module doc).
+
+    Returns the rc of the probe call (1 = rejected by the code0 bounds check, as intended).
+    """
+    if seed == 0xFFFFFFFF:
+        return 0
+    zeros = (ctypes.c_float * int(n_embd))()
+    inp = M.mtmd_gen_inp_default(mctx)
+    inp.type = M.MTMD_GEN_PROCESS_TYPE_GEN_CODE
+    inp.code0 = -1                      # rejected before compute
+    inp.embd = zeros
+    inp.seed = (int(seed) + 1) & 0xFFFFFFFF
+    if inp.seed == 0xFFFFFFFF:
+        inp.seed = 0
+    out = M.mtmd_gen_out()
+    return int(M.mtmd_gen_audio_process(mctx, ctypes.byref(inp), ctypes.byref(out)))
+
+
+# --------------------------------------------------------------------------- GGUF header reading
+
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def read_gguf_kv(path: Path, wanted: set[str] | None = None) -> dict:
+    """The metadata of a GGUF file (header only; arrays are skipped unless scalar-free)."""
+    path = Path(path)
+    out: dict = {}
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise EngineInputError(f"{path} is not a GGUF file")
+        version, = struct.unpack("<I", f.read(4))
+        if version < 2:
+            raise EngineInputError(f"{path}: GGUF version {version} is too old")
+        _n_tensors, n_kv = struct.unpack("<QQ", f.read(16))
+
+        def rstr() -> str:
+            n, = struct.unpack("<Q", f.read(8))
+            return f.read(n).decode("utf-8", "replace")
+
+        def rval(t: int):
+            if t == 8:
+                return rstr()
+            if t == 9:
+                at, n = struct.unpack("<IQ", f.read(12))
+                if at == 8:
+                    for _ in range(n):
+                        rstr()
+                    return f"<array of {n} strings>"
+                fmt = _GGUF_SCALARS[at]
+                size = struct.calcsize("<" + fmt)
+                f.seek(size * n, 1)
+                return f"<array of {n}>"
+            fmt = _GGUF_SCALARS[t]
+            return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+
+        for _ in range(n_kv):
+            key = rstr()
+            t, = struct.unpack("<I", f.read(4))
+            val = rval(t)
+            if wanted is None or key in wanted:
+                out[key] = val
+    return out
+
+
+def read_gguf_tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: ggml ne} from a GGUF header (no data read)."""
+    path = Path(path)
+    shapes: dict[str, tuple[int, ...]] = {}
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise EngineInputError(f"{path} is not a GGUF file")
+        f.read(4)
+        n_tensors, n_kv = struct.unpack("<QQ", f.read(16))
+
+        def rstr() -> str:
+            n, = struct.unpack("<Q", f.read(8))
+            return f.read(n).decode("utf-8", "replace")
+
+        def skip(t: int) -> None:
+            if t == 8:
+                rstr()
+            elif t == 9:
+                at, n = struct.unpack("<IQ", f.read(12))
+                if at == 8:
+                    for _ in range(n):
+                        rstr()
+                else:
+                    f.seek(struct.calcsize("<" + _GGUF_SCALARS[at]) * n, 1)
+            else:
+                f.seek(struct.calcsize("<" + _GGUF_SCALARS[t]), 1)
+
+        for _ in range(n_kv):
+            rstr()
+            t, = struct.unpack("<I", f.read(4))
+            skip(t)
+        for _ in range(n_tensors):
+            name = rstr()
+            nd, = struct.unpack("<I", f.read(4))
+            ne = struct.unpack("<" + "Q" * nd, f.read(8 * nd))
+            f.read(4 + 8)  # type, offset
+            shapes[name] = tuple(int(x) for x in ne)
+    return shapes
+
+
+def projector_types(mmproj: Path) -> dict[str, str | None]:
+    """{"audio": ..., "gen_audio": ..., "vision": ...} projector types of an mmproj."""
+    kv = read_gguf_kv(mmproj)
+    legacy = kv.get("clip.projector_type")
+    return {
+        "audio": kv.get("clip.audio.projector_type", legacy) if kv.get("clip.has_audio_encoder") else None,
+        "gen_audio": kv.get("clip.gen.audio.projector_type") if kv.get("clip.has_gen_audio_encoder") else None,
+        "vision": kv.get("clip.vision.projector_type", legacy) if kv.get("clip.has_vision_encoder") else None,
+    }
+
+
+def check_mmproj(mmproj: Path | None, *, modality: str, expected: str, engine: str) -> Path:
+    """Clear errors for a missing mmproj or one with the wrong projector type."""
+    if not mmproj:
+        raise EngineInputError(f"the {engine} engine needs an mmproj (workload key 'mmproj')")
+    path = Path(mmproj)
+    if not path.is_file():
+        raise EngineInputError(f"mmproj file not found: {path}")
+    types = projector_types(path)
+    got = types.get(modality)
+    if got != expected:
+        have = ", ".join(f"{k}={v}" for k, v in types.items() if v) or "none"
+        raise EngineInputError(f"mmproj {path.name} has no '{expected}' {modality.replace('_', '-')} projector "
+                               f"(it has: {have}); the {engine} engine needs a {expected} mmproj")
+    return path
+
+
+# --------------------------------------------------------------------------- audio files
+
+def write_wav16(path: Path, pcm, sample_rate: int) -> Path:
+    """16-bit mono PCM WAV (same conversion as mtmd-helper-gen.cpp write_wav16)."""
+    import numpy as np
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    x = np.clip(np.asarray(pcm, dtype=np.float32), -1.0, 1.0)
+    data = (x * 32767.0).astype("<i2").tobytes()
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(int(sample_rate))
+        w.writeframes(data)
+    return path
+
+
+def read_wav_mono_f32(path: Path, expected_rate: int):
+    """Read a WAV as float32 mono samples; clear errors for what the encoder cannot take."""
+    import numpy as np
+
+    path = Path(path)
+    if not path.is_file():
+        raise EngineInputError(f"audio file not found: {path}")
+    try:
+        with wave.open(str(path), "rb") as w:
+            rate, ch, width, n = w.getframerate(), w.getnchannels(), w.getsampwidth(), w.getnframes()
+            raw = w.readframes(n)
+    except (wave.Error, EOFError) as exc:
+        raise EngineInputError(f"{path}: not a PCM WAV file ({exc})") from None
+    if rate != expected_rate:
+        raise EngineInputError(f"{path.name}: sample rate {rate} Hz is not supported; "
+                               f"this encoder takes {expected_rate} Hz mono")
+    if ch != 1:
+        raise EngineInputError(f"{path.name}: {ch} channels; this encoder takes mono audio")
+    if width != 2:
+        raise EngineInputError(f"{path.name}: {8 * width}-bit samples; expected 16-bit PCM")
+    if n == 0:
+        raise EngineInputError(f"{path.name}: empty audio")
+    return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+
+
+# --------------------------------------------------------------------------- locks
+
+def verify_locked(workload: dict, paths: dict[str, Path]) -> dict[str, str]:
+    """Verify every model file against the workload's lock (``lock``: a lock JSON path).
+
+    Returns {role: sha256}. A mismatch, a missing entry or a missing lock file is an
+    :class:`EngineInputError` (exit 2 at the CLI), raised before anything is loaded.
+    """
+    from datasets.locks import LockError, verify_against
+
+    lock = workload.get("lock")
+    if not lock:
+        return {}
+    out = {}
+    for role, p in paths.items():
+        try:
+            out[role] = verify_against(Path(p), Path(lock))
+        except LockError as exc:
+            raise EngineInputError(f"lock check failed for the {role}: {exc}") from None
+    return out

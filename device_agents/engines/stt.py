@@ -1,0 +1,343 @@
+"""STT engine: Qwen3-ASR (qwen3vl text model + ``qwen3a`` audio mmproj) through libmtmd.
+
+One trial = read the 16 kHz mono WAV → ``mtmd_tokenize`` (log-mel, the audio
+split into 8 s windows, one mtmd chunk each) → for each chunk in order: a text
+chunk is decoded (``prefill``), an audio chunk is encoded by clip
+(``mtmd_encode_chunk``, phase ``encode``) and its embeddings decoded by the text
+model (``decode_embd``, M-RoPE positions as mtmd-helper sets them) → greedy
+``generate`` until end-of-generation or ``max_tokens``.
+
+Chunk by chunk rather than one ``mtmd_helper_eval_chunks``, so the cancel is
+checked between every encode and every decode batch, and — with the mechanisms
+that arm them — inside them:
+
+* ``between_calls`` — ``ctl.requested`` before and after every native call.
+* ``abort_callback`` — plus the native token on the llama context: text prefill,
+  embedding decode and token decode stop after the current graph node. The clip
+  encode is not reached.
+* ``chunked`` — between_calls with ``chunk_tokens``-sized decode batches (text and
+  embeddings). ``mtmd_context_params.batch_max_tokens`` only groups whole media
+  chunks for ``mtmd_batch_encode`` ("the first image will always be added even
+  if it exceeds this limit"), so it cannot split an encode; the encode stays one
+  call per 8 s window.
+* ``graph_eval`` — abort_callback plus an mtmd context with the native
+  ``cb_eval`` reader: the clip encode graph runs node by node and stops after
+  the node in flight; ``mtmd_encode_chunk`` then returns 0 with half-computed
+  embeddings, which the engine discards.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import llama_cpp
+from llama_cpp import mtmd_cpp as M
+
+import native
+
+from . import llama_runtime as rt
+from . import mtmd_ext as X
+from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, sha256_of
+
+STT_MECHANISMS = ("between_calls", "abort_callback", "chunked", "graph_eval")
+N_POS_MROPE = 4
+
+
+class SttEngine:
+    kind = "stt"
+    phases = ("preprocess", "prefill", "encode", "decode_embd", "generate")
+
+    def __init__(self, workload: dict) -> None:
+        self.workload = workload
+        self.n_threads = int(workload.get("n_threads", 2))
+        self.n_ctx = int(workload.get("n_ctx", 2048))
+        self.n_batch = int(workload.get("n_batch", 256))
+        self.n_ubatch = int(workload.get("n_ubatch", self.n_batch))
+        self.chunk_tokens = int(workload.get("chunk_tokens", 16))
+        self.max_tokens = int(workload.get("max_tokens", 16))
+        self.n_gpu_layers = int(workload.get("n_gpu_layers", 0))
+        self.system_prompt = str(workload.get("system_prompt", ""))
+        if min(self.n_batch, self.n_ubatch, self.chunk_tokens, self.max_tokens) < 1:
+            raise EngineInputError("n_batch, n_ubatch, chunk_tokens and max_tokens must be >= 1")
+
+        model_path = rt.check_gguf(Path(workload["model"]), "model")
+        mmproj = X.check_mmproj(workload.get("mmproj"), modality="audio", expected="qwen3a", engine="stt")
+        self.locked_sha256 = X.verify_locked(workload, {"model": model_path, "mmproj": mmproj})
+        self.mmproj_path = mmproj
+
+        rt.quiet_logs()
+        X.quiet_mtmd_logs()
+        self.model = rt.load_model(model_path, self.n_gpu_layers)
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_embd_inp = llama_cpp.llama_model_n_embd_inp(self.model)
+        self.ctx = rt.new_context(self.model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                                  n_threads=self.n_threads, offload=self.n_gpu_layers > 0)
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.use_gpu = self.n_gpu_layers > 0
+        self.graph_token: native.CancelToken | None = None  # bound at the first graph_eval trial
+        self._mctx = {False: X.init_mtmd(mmproj, self.model, n_threads=self.n_threads, use_gpu=self.use_gpu)}
+        m0 = self._mctx[False]
+        if not M.mtmd_support_audio(m0):
+            raise EngineInputError(f"mmproj {mmproj.name} has no audio input")
+        self.sample_rate = int(M.mtmd_get_audio_sample_rate(m0))
+        self.mrope = bool(M.mtmd_decode_use_mrope(m0))
+        self.marker = M.mtmd_default_marker().decode()
+        self.sampler = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        llama_cpp.llama_sampler_chain_add(self.sampler, llama_cpp.llama_sampler_init_greedy())
+        self.batch = llama_cpp.llama_batch_ext_init(self.ctx)
+        self._audio_cache: dict[str, object] = {}
+
+    def describe(self) -> dict:
+        return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
+                "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_tokens,
+                "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
+                "model_sha256": self.locked_sha256.get("model"), "mmproj_sha256": self.locked_sha256.get("mmproj")}
+
+    def _mtmd(self, hooked: bool, ctl: CancelControl):
+        if hooked and True not in self._mctx:
+            # cb_eval_user_data is fixed for the context's life: bind it to this trial's token
+            # and keep a reference (see TtsEngine._contexts)
+            self.graph_token = ctl.token
+            self._mctx[True] = X.init_mtmd(self.mmproj_path, self.model, n_threads=self.n_threads,
+                                           use_gpu=self.use_gpu, eval_token=self.graph_token)
+        if hooked:
+            X.bind_token(ctl, self.graph_token)
+        return self._mctx[hooked]
+
+    def load_audio(self, path: str):
+        """16 kHz mono float samples of a WAV (validated and cached; no native call)."""
+        key = str(Path(path).resolve())
+        if key not in self._audio_cache:
+            self._audio_cache[key] = X.read_wav_mono_f32(Path(path), self.sample_rate)
+        return self._audio_cache[key]
+
+    def prompt_text(self) -> str:
+        return (f"<|im_start|>system\n{self.system_prompt}<|im_end|>\n<|im_start|>user\n{self.marker}"
+                "<|im_end|>\n<|im_start|>assistant\n")
+
+    # ------------------------------------------------------------------ decode helpers
+
+    def _decode_text(self, ctl: CancelControl, tokens, pos: int, logits_last: bool) -> int:
+        b = self.batch
+        llama_cpp.llama_batch_ext_clear(b)
+        idx = -1
+        p = llama_cpp.llama_pos(0)
+        for i, tok in enumerate(tokens):
+            idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(tok))
+            if idx < 0:
+                raise RuntimeError(f"llama_batch_ext_add_token failed ({idx})")
+            p.value = pos + i
+            llama_cpp.llama_batch_ext_set_pos(b, idx, ctypes.byref(p))
+        if logits_last:
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
+        with ctl.native_call("llama_process"):
+            rc = llama_cpp.llama_process(self.ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
+            llama_cpp.llama_synchronize(self.ctx)
+        return rc
+
+    def _decode_embd(self, ctl: CancelControl, base: int, first: int, n: int, pos0: int, logits_last: bool) -> int:
+        """Embedding rows [first, first + n) of the chunk, positions like decode_embd_batch."""
+        b = self.batch
+        llama_cpp.llama_batch_ext_clear(b)
+        row_bytes = self.n_embd_inp * ctypes.sizeof(ctypes.c_float)
+        pos = (llama_cpp.llama_pos * N_POS_MROPE)()
+        idx = -1
+        for i in range(first, first + n):
+            e = llama_cpp.llama_embd(ctypes.cast(ctypes.c_void_p(base + i * row_bytes), ctypes.POINTER(ctypes.c_float)),
+                                     1, self.n_embd_inp)
+            idx = llama_cpp.llama_batch_ext_add_embd(b, 0, e)
+            if idx < 0:
+                raise RuntimeError(f"llama_batch_ext_add_embd failed ({idx})")
+            for j in range(N_POS_MROPE):  # set_position_mrope_1d: every section = pos; else one position
+                pos[j] = pos0 + i if (self.mrope or j == 0) else 0
+            llama_cpp.llama_batch_ext_set_pos(b, idx, pos)
+        if logits_last:
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
+        with ctl.native_call("llama_process"):
+            rc = llama_cpp.llama_process(self.ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
+            llama_cpp.llama_synchronize(self.ctx)
+        return rc
+
+    def _piece(self, tok: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, tok, buf, len(buf), 0, False)
+        return buf.raw[:max(0, n)]
+
+    # ------------------------------------------------------------------ the trial
+
+    def run(self, trial: dict, ctl: CancelControl) -> EngineResult:
+        mechanism = trial["mechanism"]
+        if mechanism not in STT_MECHANISMS:
+            raise EngineInputError(f"stt engine has no mechanism {mechanism!r} (has: {', '.join(STT_MECHANISMS)})")
+        samples = self.load_audio(trial["input"])
+        max_tokens = int(trial.get("max_tokens", self.max_tokens))
+        hooked = mechanism == "graph_eval"
+        mctx = self._mtmd(hooked, ctl)
+        rt.arm_abort(self.ctx, ctl.token if mechanism in ("abort_callback", "graph_eval") else None)
+        step = self.chunk_tokens if mechanism == "chunked" else self.n_batch
+
+        progress = ctl.progress
+        progress.heavy_graph = None
+        clock = PhaseClock(progress)
+        t_start = native.now_ns()
+        rc: int | None = None
+        stopped = False
+        generated: list[int] = []
+        n_input = 0
+        chunk_log: list[dict] = []
+        bitmap = None
+        chunks = None
+        audio = None
+        try:
+            clock.enter("preprocess")
+            if ctl.requested:  # latched before the first native call
+                stopped = True
+            else:
+                with ctl.native_call("llama_memory_clear"):
+                    llama_cpp.llama_memory_clear(self.mem, True)
+                    llama_cpp.llama_sampler_reset(self.sampler)
+                audio = (ctypes.c_float * len(samples)).from_buffer_copy(samples.tobytes())
+                with ctl.native_call("mtmd_bitmap_init_from_audio"):
+                    bitmap = M.mtmd_bitmap_init_from_audio(len(samples), audio)
+                chunks = M.mtmd_input_chunks_init()
+                text = self.prompt_text().encode()
+                itext = M.mtmd_input_text(text, len(text), False, True)
+                bitmaps = (ctypes.c_void_p * 1)(bitmap)
+                if not ctl.requested:
+                    with ctl.native_call("mtmd_tokenize"):
+                        rc = M.mtmd_tokenize(mctx, chunks, ctypes.byref(itext), bitmaps, 1)
+                    if rc != 0:
+                        raise EngineInputError(f"mtmd_tokenize rejected the audio ({rc})")
+                stopped = ctl.requested
+
+            n_chunks = M.mtmd_input_chunks_size(chunks) if (chunks and not stopped) else 0
+            n_past = 0
+            for ci in range(n_chunks):
+                if stopped or ctl.requested:
+                    stopped = True
+                    break
+                chunk = M.mtmd_input_chunks_get(chunks, ci)
+                ctype = M.mtmd_input_chunk_get_type(chunk)
+                last = ci == n_chunks - 1
+                if ctype == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                    clock.enter("prefill")
+                    n_tok = ctypes.c_size_t(0)
+                    toks = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n_tok))
+                    toks = [int(toks[i]) for i in range(n_tok.value)]
+                    for i in range(0, len(toks), step):
+                        if ctl.requested:
+                            stopped = True
+                            break
+                        part = toks[i:i + step]
+                        rc = self._decode_text(ctl, part, n_past, logits_last=last and i + step >= len(toks))
+                        if rc != 0:
+                            if rc == 2 or ctl.requested:
+                                stopped = True
+                                break
+                            raise RuntimeError(f"llama_process returned {rc} in prefill")
+                        n_past += len(part)
+                        n_input += len(part)
+                        progress.input_tokens_done = n_input
+                    chunk_log.append({"chunk": ci, "type": "text", "n_tokens": len(toks)})
+                    continue
+
+                # an audio chunk: clip encode, then the embeddings through the text model
+                n_tok = int(M.mtmd_input_chunk_get_n_tokens(chunk))
+                clock.enter("encode")
+                progress.heavy_graph = "clip_encode"
+                t0 = native.now_ns()
+                with ctl.native_call("mtmd_encode_chunk"):
+                    rc = M.mtmd_encode_chunk(mctx, chunk)
+                progress.heavy_graph = None
+                enc_ms = (native.now_ns() - t0) / 1e6
+                if ctl.requested:  # a graph_eval stop returns 0 with half-computed embeddings: discard
+                    stopped = True
+                    break
+                if rc != 0:
+                    raise RuntimeError(f"mtmd_encode_chunk failed ({rc})")
+                base = ctypes.cast(M.mtmd_get_output_embd(mctx), ctypes.c_void_p).value
+                clock.enter("decode_embd")
+                t0 = native.now_ns()
+                for i in range(0, n_tok, step):
+                    if ctl.requested:
+                        stopped = True
+                        break
+                    n = min(step, n_tok - i)
+                    rc = self._decode_embd(ctl, base, i, n, n_past, logits_last=last and i + n >= n_tok)
+                    if rc != 0:
+                        if rc == 2 or ctl.requested:
+                            stopped = True
+                            break
+                        raise RuntimeError(f"llama_process returned {rc} decoding embeddings")
+                    n_input += n
+                    progress.input_tokens_done = n_input
+                if stopped:
+                    break
+                n_past += int(M.mtmd_input_chunk_get_n_pos(chunk))
+                chunk_log.append({"chunk": ci, "type": "audio", "n_tokens": n_tok, "encode_ms": enc_ms,
+                                  "decode_ms": (native.now_ns() - t0) / 1e6})
+            stopped = stopped or ctl.requested
+
+            if not stopped:
+                clock.enter("generate")
+                for _ in range(max_tokens):
+                    if ctl.requested:
+                        stopped = True
+                        break
+                    with ctl.native_call("llama_sampler_sample"):
+                        tok = int(llama_cpp.llama_sampler_sample(self.sampler, self.ctx, -1))
+                    if llama_cpp.llama_vocab_is_eog(self.vocab, tok):
+                        break
+                    generated.append(tok)
+                    progress.tokens_generated = len(generated)
+                    if len(generated) >= max_tokens:
+                        break
+                    rc = self._decode_text(ctl, [tok], n_past, logits_last=True)
+                    if rc != 0:
+                        if rc == 2 or ctl.requested:
+                            stopped = True
+                            break
+                        raise RuntimeError(f"llama_process returned {rc} in generate")
+                    n_past += 1
+        finally:
+            progress.heavy_graph = None
+            if chunks:
+                M.mtmd_input_chunks_free(chunks)
+            if bitmap:
+                M.mtmd_bitmap_free(bitmap)
+
+        stopped = stopped or ctl.requested
+        text_out = b"".join(self._piece(t) for t in generated).decode("utf-8", "replace")
+        phase_at_terminal = progress.phase
+        t_terminal = native.now_ns()
+        durations = clock.close()
+        return EngineResult(
+            outcome="cancelled" if stopped else "completed",
+            t_start_ns=t_start,
+            t_terminal_ns=t_terminal,
+            phase_at_terminal=phase_at_terminal,
+            decode_rc=rc,
+            output_sha256=None if stopped else sha256_of(text_out.encode("utf-8")),
+            phase_durations_ms=durations,
+            phase_segments=clock.segments,
+            n_input_tokens=n_input,
+            output={"text": text_out, "tokens": generated, "chunks": chunk_log},
+        )
+
+    def close(self) -> None:
+        for hooked in list(getattr(self, "_mctx", {})):
+            M.mtmd_free(self._mctx.pop(hooked))
+        if getattr(self, "batch", None):
+            llama_cpp.llama_batch_ext_free(self.batch)
+            self.batch = None
+        if getattr(self, "sampler", None):
+            llama_cpp.llama_sampler_free(self.sampler)
+            self.sampler = None
+        if getattr(self, "ctx", None):
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            llama_cpp.llama_model_free(self.model)
+            self.model = None
+        self.graph_token = None  # not ours to free: a trial's token (the agent's, usually)

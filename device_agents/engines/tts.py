@@ -1,0 +1,429 @@
+"""TTS engine: Qwen3-TTS through libmtmd's audio-generation helper.
+
+One trial = ``mtmd_helper_gen_audio_set_input`` → ``step_prompt`` (in batches)
+→ ``step_gen`` (one frame per call: the talker samples codec_0, the code
+predictor — a clip graph — fills codebooks 1..15, the talker decodes the frame
+back) → ``get_output``. Every 72 buffered frames ``step_gen`` also runs a
+code2wav window (another clip graph), and ``get_output`` runs the final,
+partial one.
+
+Phases: ``set_input``, ``prompt``, ``generate``, ``code2wav`` (the step_gen
+calls that decode a 72-frame window, and the final get_output flush),
+``output`` (PCM copy-out, WAV, hash).
+
+Mechanisms:
+
+* ``between_calls`` — ``ctl.requested`` is checked before and after every native call.
+* ``abort_callback`` — plus the native token on the talker's llama context, so a
+  talker decode (a prompt batch, the frame decode inside step_gen) stops after
+  the current graph node. It does not reach the clip graphs.
+* ``chunked`` — between_calls with prompt batches of ``chunk_tokens``.
+* ``graph_eval`` — abort_callback, plus a second mtmd context created with the
+  native ``cb_eval`` reader: the clip scheduler then computes the code-predictor
+  and code2wav graphs node by node and stops after the node in flight. The stop
+  is silent (clip_encode returns success with half-computed outputs), so the
+  engine discards the step and reports the cancel.
+
+Which step ran a code2wav window: the helper exposes no per-step signal, so the
+engine marks the step *before* it runs from the helper's own rule (a flush when
+72 frames are buffered, mtmd-helper-gen.cpp ``window_frames``) — that is what
+lets a cancel's ``heavy_graph_at_receipt`` say ``code2wav`` while it is in
+flight — and *measures* it afterwards: with the hooked context (graph_eval) the
+native eval reader polls once per clip graph node, GEN_CODE and GEN_WAV build
+the same 6.5k-node graph, so a step's poll count tells how many clip graphs it
+ran (fixture: 6584 polls for a frame, 13085 for a frame + code2wav window;
+``output["code2wav_measured"]``). Every run also checks the rule against the
+PCM it gets back (samples == frames × samples_per_frame) and records each step's
+duration.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+import llama_cpp
+from llama_cpp import mtmd_cpp as M
+
+import native
+
+from . import llama_runtime as rt
+from . import mtmd_ext as X
+from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, sha256_of
+
+TTS_MECHANISMS = ("between_calls", "abort_callback", "chunked", "graph_eval")
+WINDOW_FRAMES = 72           # mtmd-helper-gen.cpp qwen3tts window_frames (== clip wav_tfm_swa)
+LANG_CODES = ("zh", "en", "de", "it", "pt", "es", "ja", "ko", "fr", "ru")
+
+
+class TtsEngine:
+    kind = "tts"
+    phases = ("set_input", "prompt", "generate", "code2wav", "output")
+
+    def __init__(self, workload: dict) -> None:
+        self.workload = workload
+        self.n_threads = int(workload.get("n_threads", 2))
+        self.n_ctx = int(workload.get("n_ctx", 2048))
+        self.n_batch = int(workload.get("n_batch", 32))
+        self.n_ubatch = int(workload.get("n_ubatch", self.n_batch))
+        self.chunk_tokens = int(workload.get("chunk_tokens", 4))
+        self.max_frames = int(workload.get("max_frames", workload.get("max_tokens", 96)))
+        self.n_gpu_layers = int(workload.get("n_gpu_layers", 0))
+        self.top_k = int(workload.get("top_k", 50))
+        self.temp = float(workload.get("temp", 0.9))
+        self.lang = str(workload.get("lang", "en"))
+        self.default_seed = int(workload.get("seed", 1234))
+        if min(self.n_batch, self.n_ubatch, self.chunk_tokens, self.max_frames) < 1:
+            raise EngineInputError("n_batch, n_ubatch, chunk_tokens and max_frames must be >= 1")
+
+        model_path = rt.check_gguf(Path(workload["model"]), "model")
+        mmproj = X.check_mmproj(workload.get("mmproj"), modality="gen_audio", expected="qwen3tts_gen",
+                                engine="tts")
+        self.locked_sha256 = X.verify_locked(workload, {"model": model_path, "mmproj": mmproj})
+        self.mmproj_path = mmproj
+        self.samples_per_frame = self._samples_per_frame(mmproj)
+
+        rt.quiet_logs()
+        X.quiet_mtmd_logs()
+        self.model = rt.load_model(model_path, self.n_gpu_layers)
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_embd = llama_cpp.llama_model_n_embd(self.model)
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_ubatch
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.no_perf = True
+        cparams.embeddings = True  # step_gen needs the talker's hidden state (tools/tts/tts.cpp does the same)
+        cparams.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
+        cparams.op_offload = self.n_gpu_layers > 0
+        cparams.offload_kqv = self.n_gpu_layers > 0
+        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            raise EngineInputError("llama.cpp could not create the talker context")
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.use_gpu = self.n_gpu_layers > 0
+
+        # the plain context (no cb_eval) and, on first graph_eval trial, the hooked one
+        self.graph_token: native.CancelToken | None = None  # bound at the first graph_eval trial
+        self._mctx = {False: X.init_mtmd(mmproj, self.model, n_threads=self.n_threads, use_gpu=self.use_gpu)}
+        self._gen = {False: M.mtmd_helper_gen_audio_init(self.ctx, self._mctx[False])}
+        info = M.mtmd_gen_audio_get_info(self._mctx[False])
+        if info.type != M.MTMD_GEN_AUDIO_TYPE_QWEN3TTS:
+            raise EngineInputError(f"mmproj {mmproj.name} is not a Qwen3-TTS gen-audio projector (type {info.type})")
+        self.sample_rate = int(info.sample_rate)
+
+        n = ctypes.c_int32(0)
+        sup = llama_cpp.llama_vocab_get_suppress_tokens(self.vocab, ctypes.byref(n))
+        self._suppress = [int(sup[i]) for i in range(n.value)]
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _samples_per_frame(mmproj: Path) -> int:
+        """2 upsample x2 blocks, then the DAC strides (kernel == 2 * stride), from tensor shapes."""
+        shapes = X.read_gguf_tensor_shapes(mmproj)
+        spf = 4
+        for i in range(4):
+            ne = shapes.get(f"a.gen.wav.dac.blk.{i}.conv.weight")
+            if ne is None:
+                raise EngineInputError(f"{mmproj.name}: no code2wav DAC block {i} (not a Qwen3-TTS mmproj?)")
+            spf *= ne[0] // 2
+        return spf
+
+    def describe(self) -> dict:
+        return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
+                "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_frames, "max_frames": self.max_frames,
+                "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
+                "samples_per_frame": self.samples_per_frame, "window_frames": WINDOW_FRAMES,
+                "model_sha256": self.locked_sha256.get("model"), "mmproj_sha256": self.locked_sha256.get("mmproj")}
+
+    def _contexts(self, hooked: bool, ctl: CancelControl):
+        if hooked and True not in self._mctx:
+            # cb_eval_user_data is fixed for the context's life: bind it to this trial's token
+            # (the agent keeps one token per agent, so later trials use the same one) and keep
+            # a reference so the address stays valid; a trial with another token is re-pointed
+            # at this one (mtmd_ext.bind_token).
+            self.graph_token = ctl.token
+            self._mctx[True] = X.init_mtmd(self.mmproj_path, self.model, n_threads=self.n_threads,
+                                           use_gpu=self.use_gpu, eval_token=self.graph_token)
+            self._gen[True] = M.mtmd_helper_gen_audio_init(self.ctx, self._mctx[True])
+        if hooked:
+            X.bind_token(ctl, self.graph_token)
+        return self._mctx[hooked], self._gen[hooked]
+
+    def _new_sampler(self, seed: int):
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        if self._suppress:  # the model's suppress tokens, as common_sampler adds them
+            arr = (llama_cpp.llama_logit_bias * len(self._suppress))(
+                *[llama_cpp.llama_logit_bias(t, float("-inf")) for t in self._suppress])
+            llama_cpp.llama_sampler_chain_add(
+                chain, llama_cpp.llama_sampler_init_logit_bias(self.n_vocab, len(self._suppress), arr))
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(self.top_k))
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(self.temp))
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        return chain
+
+    def prompt_tokens(self, text: str) -> int:
+        """Length of the talker prompt set_input builds (n_ids + 2, see mtmd-helper-gen.cpp)."""
+        full = ("<|im_start|>assistant\n" + text + "<|im_end|>\n<|im_start|>assistant\n").encode()
+        buf = (llama_cpp.llama_token * (len(full) + 16))()
+        n = llama_cpp.llama_tokenize(self.vocab, full, len(full), buf, len(buf), False, True)
+        return max(0, n) + 2
+
+    # ------------------------------------------------------------------ the trial
+
+    def run(self, trial: dict, ctl: CancelControl) -> EngineResult:
+        mechanism = trial["mechanism"]
+        if mechanism not in TTS_MECHANISMS:
+            raise EngineInputError(f"tts engine has no mechanism {mechanism!r} (has: {', '.join(TTS_MECHANISMS)})")
+        text = trial.get("input")
+        if not isinstance(text, str) or not text.strip():
+            raise EngineInputError("empty text: nothing to synthesize")
+        lang = str(trial.get("lang") or self.lang)
+        seed = int(trial.get("seed", self.default_seed)) & 0xFFFFFFFF
+        max_frames = int(trial.get("max_frames", self.max_frames))
+        hooked = mechanism == "graph_eval"
+        mctx, gen = self._contexts(hooked, ctl)
+        rt.arm_abort(self.ctx, ctl.token if mechanism in ("abort_callback", "graph_eval") else None)
+        prompt_batch = self.chunk_tokens if mechanism == "chunked" else self.n_batch
+        n_prompt = 0
+
+        progress = ctl.progress
+        progress.frames_generated = 0
+        progress.heavy_graph = None
+        clock = PhaseClock(progress)
+        t_start = native.now_ns()
+        steps: list[dict] = []
+        rc: int | None = None
+        stopped = False
+        frames = 0
+        buffered = 0
+        sampler = None
+        pcm = None
+        keep: list = []  # ctypes objects that must outlive a native call
+
+        def call(name: str, fn, *args):
+            with ctl.native_call(name):
+                out = fn(*args)
+            return out
+
+        try:
+            clock.enter("set_input")
+            if ctl.requested:  # latched: a cancel before the first native call
+                stopped = True
+            else:
+                n_prompt = call("llama_tokenize", self.prompt_tokens, text)
+                call("llama_memory_clear", llama_cpp.llama_memory_clear, self.mem, True)
+                call("clip_rng_reseed", X.reseed_clip_rng, mctx, self.n_embd, seed)
+                sampler = self._new_sampler(seed)
+                raw = text.encode("utf-8")
+                inp = M.mtmd_helper_gen_audio_inp()
+                inp.seq_id = 0
+                inp.prompt = raw
+                inp.prompt_len = len(raw)
+                inp.speaker_ref = None
+                inp.lang = lang.encode()
+                inp.top_k = self.top_k
+                inp.top_p = 1.0
+                inp.seed = seed
+                inp.out_type = M.MTMD_HELPER_GEN_AUDIO_OUTTYPE_PCM
+                keep.append((raw, inp))
+                if not ctl.requested:
+                    rc = call("mtmd_helper_gen_audio_set_input", M.mtmd_helper_gen_audio_set_input,
+                              gen, ctypes.byref(inp))
+                    if rc != 0:
+                        raise EngineInputError(f"set_input rejected the text (language {lang!r} unknown to "
+                                               f"the model, or a vocab without the Qwen3-TTS specials)")
+                stopped = ctl.requested
+
+            # prompt: step_prompt in batches
+            if not stopped:
+                clock.enter("prompt")
+                remaining = n_prompt
+                while True:
+                    if ctl.requested:
+                        stopped = True
+                        break
+                    t0 = native.now_ns()
+                    with ctl.native_call("mtmd_helper_gen_audio_step_prompt"):
+                        r = M.mtmd_helper_gen_audio_step_prompt(gen, prompt_batch)
+                        llama_cpp.llama_synchronize(self.ctx)
+                    rc = r
+                    if r < 0:
+                        if ctl.requested:  # llama_decode returned 2 (aborted) inside the helper
+                            stopped = True
+                            break
+                        raise RuntimeError(f"step_prompt failed ({r})")
+                    remaining = int(r)
+                    progress.input_tokens_done = n_prompt - remaining
+                    steps.append({"phase": "prompt", "prompt_remaining": remaining, "frames": 0,
+                                  "code2wav": False, "ms": (native.now_ns() - t0) / 1e6})
+                    if r == 0:
+                        break
+                stopped = stopped or ctl.requested
+
+            # generate: one frame per step_gen (some steps also decode a code2wav window)
+            if not stopped:
+                clock.enter("generate")
+                sampled = call("llama_sampler_sample", llama_cpp.llama_sampler_sample, sampler, self.ctx, -1)
+                h_state = llama_cpp.llama_get_embeddings_ith(self.ctx, -1)
+                h_out = ctypes.POINTER(ctypes.c_float)()
+                stop = ctypes.c_bool(False)
+                while frames < max_frames:
+                    if ctl.requested:
+                        stopped = True
+                        break
+                    window = buffered + 1 >= WINDOW_FRAMES
+                    clock.enter("code2wav" if window else "generate")
+                    progress.heavy_graph = "code2wav" if window else None
+                    t0 = native.now_ns()
+                    polls0 = ctl.token.polls
+                    with ctl.native_call("mtmd_helper_gen_audio_step_gen"):
+                        rc = M.mtmd_helper_gen_audio_step_gen(gen, sampled, h_state, ctypes.byref(h_out),
+                                                              ctypes.byref(stop))
+                        llama_cpp.llama_synchronize(self.ctx)
+                    progress.heavy_graph = None
+                    dt = (native.now_ns() - t0) / 1e6
+                    if ctl.requested:  # includes a silent clip stop (graph_eval): discard the step
+                        stopped = True
+                        break
+                    if rc != 0:
+                        raise RuntimeError(f"step_gen failed ({rc}) at frame {frames}")
+                    if stop.value or not h_out:
+                        steps.append({"phase": "generate", "prompt_remaining": 0, "frames": frames,
+                                      "code2wav": False, "ms": dt, "eos": True})
+                        break
+                    frames += 1
+                    buffered = 0 if window else buffered + 1
+                    progress.frames_generated = frames
+                    progress.tokens_generated = frames
+                    steps.append({"phase": "code2wav" if window else "generate", "prompt_remaining": 0,
+                                  "frames": frames, "code2wav": window, "ms": dt,
+                                  "polls": ctl.token.polls - polls0})
+                    h_state = h_out
+                    if frames >= max_frames:
+                        break
+                    clock.enter("generate")
+                    if ctl.requested:
+                        stopped = True
+                        break
+                    sampled = call("llama_sampler_sample", llama_cpp.llama_sampler_sample, sampler, self.ctx, -1)
+                stopped = stopped or ctl.requested
+
+            # the final (partial) window + copy-out
+            n_samples = 0
+            if not stopped:
+                clock.enter("code2wav" if buffered else "output")
+                progress.heavy_graph = "code2wav" if buffered else None
+                sr = ctypes.c_int32(0)
+                data = ctypes.POINTER(ctypes.c_char)()
+                n_bytes = ctypes.c_size_t(0)
+                ns = ctypes.c_int64(0)
+                t0 = native.now_ns()
+                rc = call("mtmd_helper_gen_audio_get_output", M.mtmd_helper_gen_audio_get_output,
+                          gen, ctypes.byref(sr), ctypes.byref(data), ctypes.byref(n_bytes), ctypes.byref(ns))
+                progress.heavy_graph = None
+                steps.append({"phase": "code2wav" if buffered else "output", "prompt_remaining": 0,
+                              "frames": frames, "code2wav": bool(buffered), "ms": (native.now_ns() - t0) / 1e6,
+                              "final": True})
+                if ctl.requested:
+                    stopped = True
+                elif rc != 0:
+                    raise RuntimeError(f"get_output failed ({rc})")
+                else:
+                    clock.enter("output")
+                    pcm = np.frombuffer(ctypes.string_at(data, n_bytes.value), dtype=np.float32).copy()
+                    n_samples = int(ns.value)
+        finally:
+            if sampler is not None:
+                llama_cpp.llama_sampler_free(sampler)
+            progress.heavy_graph = None
+
+        stopped = stopped or ctl.requested
+        output: dict = {"frames": frames, "steps": steps, "sample_rate": self.sample_rate,
+                        "samples_per_frame": self.samples_per_frame, "n_prompt_tokens": n_prompt}
+        sha = None
+        if not stopped and pcm is not None:
+            sha = sha256_of(pcm.tobytes())
+            output.update(pcm=pcm, n_samples=n_samples,
+                          window_rule_consistent=(n_samples == frames * self.samples_per_frame))
+            if hooked:
+                output["code2wav_measured"] = measured_code2wav_steps(steps)
+            wav_out = trial.get("wav_out")
+            if wav_out:
+                output["wav"] = str(X.write_wav16(Path(wav_out), pcm, self.sample_rate))
+        phase_at_terminal = progress.phase
+        t_terminal = native.now_ns()
+        durations = clock.close()
+        return EngineResult(
+            outcome="cancelled" if stopped else "completed",
+            t_start_ns=t_start,
+            t_terminal_ns=t_terminal,
+            phase_at_terminal=phase_at_terminal,
+            decode_rc=rc,
+            output_sha256=sha,
+            phase_durations_ms=durations,
+            phase_segments=clock.segments,
+            n_input_tokens=n_prompt,
+            output=output,
+        )
+
+    # ------------------------------------------------------------------ teardown
+
+    def close(self) -> None:
+        for hooked in list(getattr(self, "_gen", {})):
+            M.mtmd_helper_gen_audio_free(self._gen.pop(hooked))
+        for hooked in list(getattr(self, "_mctx", {})):
+            M.mtmd_free(self._mctx.pop(hooked))
+        if getattr(self, "ctx", None):
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            llama_cpp.llama_model_free(self.model)
+            self.model = None
+        self.graph_token = None  # not ours to free: a trial's token (the agent's, usually)
+
+
+def measured_code2wav_steps(steps: list[dict]) -> list[int] | None:
+    """Frames whose step_gen ran a code2wav window, *measured* from the native eval reader.
+
+    With the hooked context every clip graph execution polls the token once per graph
+    node. GEN_CODE and GEN_WAV build the same graph (both branches, ggml_build_forward_select),
+    so a step's poll count is k * N_graph + N_talker with k the number of clip graphs it
+    ran: 1 for a plain frame, 2 when it also decoded a code2wav window.
+    """
+    frame_steps = [s for s in steps if s["phase"] in ("generate", "code2wav") and "polls" in s]
+    if not frame_steps:
+        return None
+    base = min(s["polls"] for s in frame_steps)
+    if base <= 0:
+        return None
+    return [s["frames"] for s in frame_steps if s["polls"] > 1.5 * base]
+
+
+def step_summary(steps: list[dict]) -> dict:
+    """Per-step duration summary: frame steps vs code2wav steps (a measured check of the rule)."""
+    gen = [s["ms"] for s in steps if s["phase"] == "generate" and not s.get("eos")]
+    c2w = [s["ms"] for s in steps if s["code2wav"]]
+    return {"generate_step_ms_median": statistics.median(gen) if gen else None,
+            "code2wav_step_ms": c2w,
+            "n_prompt_steps": sum(1 for s in steps if s["phase"] == "prompt")}
+
+
+if __name__ == "__main__":  # pragma: no cover - manual smoke run
+    import sys
+
+    wl = json.loads(sys.argv[1])
+    eng = TtsEngine(wl)
+    from .base import Progress
+    c = CancelControl(native.CancelToken(), Progress())
+    res = eng.run({"input": wl.get("text", "Hello world."), "mechanism": "between_calls", "seed": 1}, c)
+    print(res.outcome, res.phase_durations_ms, res.output["frames"], res.output.get("n_samples"))
+    eng.close()
