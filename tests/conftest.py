@@ -23,9 +23,10 @@ def small_text_model() -> str:
     return str(ensure_text_fixture("text-qwen3-14m"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def local_ray():
-    """A real local Ray, bound to 127.0.0.1, token auth on; shared by the session."""
+    """A real local Ray, bound to 127.0.0.1, token auth on; shared by a test module
+    (module scope: test_cluster.py brings its own multi-node cluster)."""
     import ray
 
     from orchestrator import cluster
