@@ -136,3 +136,58 @@ def test_lock_command_writes_a_lock_that_verifies(tmp_path, locked_model):
     assert r.returncode == 0, r.stderr
     entry = json.loads(out.read_text())["files"]["model.gguf"]
     assert entry["sha256"] == sha256_file(model) and entry["size"] == model.stat().st_size
+
+
+def speech_config(tmp_path, engine: str, corpus: Path, mmproj: bool = True) -> Path:
+    fixture = "qwen3tts-fixture" if engine == "tts" else "qwen3asr-fixture"
+    return write(tmp_path, f"""
+[[workload]]
+name = "speech"
+engine = "{engine}"
+model = "fixture:{fixture}"
+{'mmproj = "fixture:' + fixture + '"' if mmproj else ''}
+inputs = "{corpus}"
+""")
+
+
+def test_speech_bad_inputs_exit_2(tmp_path):
+    import wave
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"id": "a", "text": "hello"}\n{"id": "b", "text": "   "}\n')
+    r = cancelbench("sweep", "--config", speech_config(tmp_path, "tts", empty), "--out", tmp_path / "o1")
+    assert r.returncode == 2 and "input 'b' has empty text" in r.stderr
+
+    clip = tmp_path / "8k.wav"
+    with wave.open(str(clip), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(8000), w.writeframes(b"\0\0" * 8000)
+    corpus = tmp_path / "clips.jsonl"
+    corpus.write_text(json.dumps({"id": "c", "wav": str(clip)}) + "\n")
+    r = cancelbench("sweep", "--config", speech_config(tmp_path, "stt", corpus), "--out", tmp_path / "o2")
+    assert r.returncode == 2 and "8000 Hz" in r.stderr and "16000 Hz mono" in r.stderr
+
+    r = cancelbench("sweep", "--config", speech_config(tmp_path, "stt", corpus, mmproj=False), "--out", tmp_path / "o3")
+    assert r.returncode == 2 and "needs 'mmproj'" in r.stderr
+
+    bad_name = write(tmp_path, '[[workload]]\nname = "t"\ninputs = "../../etc/passwd"\n')
+    r = cancelbench("sweep", "--config", bad_name, "--out", tmp_path / "o4")
+    assert r.returncode == 2 and "plain name" in r.stderr
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
+
+
+def test_mmproj_of_the_wrong_projector_type_exits_2(tmp_path):
+    cfg = write(tmp_path, """
+[sweep]
+trials_per_cell = 1
+[[workload]]
+name = "tts"
+engine = "tts"
+model = "fixture:qwen3tts-fixture"
+mmproj = "fixture:qwen3asr-fixture"
+inputs = "tts_texts"
+""")
+    r = cancelbench("sweep", "--config", cfg, "--out", tmp_path / "o")
+    assert r.returncode == 2, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("cancelbench: error:") and "qwen3tts_gen" in last
+    assert not (tmp_path / "o").exists()
