@@ -327,13 +327,14 @@ def probe_devices(lib_dir: Path | None = None) -> list[BackendDevice]:
     if not any(d.backend == "cpu" for d in devices):
         # every llama.cpp build has the CPU backend; keep the contract even if the
         # registry hides it (e.g. a DL build that failed to load it)
-        devices.append(BackendDevice("cpu", 0, "cpu:0", "CPU", _cpu_model(), "cpu", _host_memory(), 0, ""))
+        devices.append(BackendDevice("cpu", 0, "cpu:0", "CPU", cpu_model(), "cpu", _host_memory(), 0, ""))
     # stable order: cpu, vulkan, metal, cuda; then by index (ggml registers CPU last)
     devices.sort(key=lambda d: (BACKENDS.index(d.backend), d.index))
     return devices
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The host's CPU model string (Linux /proc/cpuinfo, macOS sysctl)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -342,6 +343,14 @@ def _cpu_model() -> str:
     except OSError:
         pass
     import platform
+    if platform.system() == "Darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
+                                 text=True, timeout=5).stdout.strip()
+            if out:
+                return out
+        except (OSError, subprocess.SubprocessError):
+            pass
     return platform.processor() or "unknown"
 
 

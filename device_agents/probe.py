@@ -7,23 +7,7 @@ import platform
 import socket
 from functools import lru_cache
 
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    if platform.system() == "Darwin":
-        import subprocess
-        try:
-            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
-                                  text=True, timeout=5).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return platform.processor() or "unknown"
+from .backends import cpu_model
 
 
 def cancelbench_version() -> str:

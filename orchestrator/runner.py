@@ -26,7 +26,7 @@ from datasets.locks import LockError, load_lock, verify_file
 
 from . import cluster, sink as sinks
 from .clock import ClockOffset, driver_now_ns, estimate_offset
-from .config import ConfigError, SweepConfig, WorkloadSpec, load_inputs
+from .config import SweepConfig, WorkloadSpec, load_inputs
 from .plan import ReferenceTimeline, TrialSpec, build_plan, resolve_offset_ms
 from .schema import SCHEMA_VERSION, derive, empty_row
 

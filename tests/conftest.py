@@ -8,7 +8,6 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")  # before any `import ray`
 
 import pytest
 
-import native
 from datasets.fixtures import ensure_text_fixture
 
 

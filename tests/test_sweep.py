@@ -1,6 +1,5 @@
 """End-to-end sweeps on a real local Ray cluster with the real text engine."""
 
-import dataclasses
 import json
 
 import pyarrow.dataset as ds

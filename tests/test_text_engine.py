@@ -2,7 +2,6 @@
 
 import statistics
 
-import llama_cpp
 import pytest
 
 import native

@@ -151,6 +151,29 @@ class PhaseClock:
         return dict(self.durations_ms)
 
 
+def finish_trial(ctl: CancelControl, clock: PhaseClock, *, stopped: bool, t_start_ns: int,
+                 decode_rc: int | None, n_input_tokens: int | None, output: object,
+                 output_sha256: str | None) -> EngineResult:
+    """The engine's terminal state. A cancel that landed during the last native
+    call is honoured too: the caller gets "cancelled", never a result it asked to stop."""
+    stopped = stopped or ctl.requested
+    phase_at_terminal = ctl.progress.phase
+    t_terminal = native.now_ns()
+    durations = clock.close()
+    return EngineResult(
+        outcome="cancelled" if stopped else "completed",
+        t_start_ns=t_start_ns,
+        t_terminal_ns=t_terminal,
+        phase_at_terminal=phase_at_terminal,
+        decode_rc=decode_rc,
+        output_sha256=None if stopped else output_sha256,
+        phase_durations_ms=durations,
+        phase_segments=clock.segments,
+        n_input_tokens=n_input_tokens,
+        output=output,
+    )
+
+
 def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -38,7 +38,7 @@ import native
 
 from . import llama_runtime as rt
 from . import mtmd_ext as X
-from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, sha256_of
+from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, sha256_of
 
 STT_MECHANISMS = ("between_calls", "abort_callback", "chunked", "graph_eval")
 N_POS_MROPE = 4
@@ -307,23 +307,10 @@ class SttEngine:
             if bitmap:
                 M.mtmd_bitmap_free(bitmap)
 
-        stopped = stopped or ctl.requested
         text_out = b"".join(self._piece(t) for t in generated).decode("utf-8", "replace")
-        phase_at_terminal = progress.phase
-        t_terminal = native.now_ns()
-        durations = clock.close()
-        return EngineResult(
-            outcome="cancelled" if stopped else "completed",
-            t_start_ns=t_start,
-            t_terminal_ns=t_terminal,
-            phase_at_terminal=phase_at_terminal,
-            decode_rc=rc,
-            output_sha256=None if stopped else sha256_of(text_out.encode("utf-8")),
-            phase_durations_ms=durations,
-            phase_segments=clock.segments,
-            n_input_tokens=n_input,
-            output={"text": text_out, "tokens": generated, "chunks": chunk_log},
-        )
+        return finish_trial(ctl, clock, stopped=stopped, t_start_ns=t_start, decode_rc=rc, n_input_tokens=n_input,
+                            output={"text": text_out, "tokens": generated, "chunks": chunk_log},
+                            output_sha256=sha256_of(text_out.encode("utf-8")))
 
     def close(self) -> None:
         for hooked in list(getattr(self, "_mctx", {})):

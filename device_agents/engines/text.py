@@ -9,7 +9,6 @@ before the device has finished.
 from __future__ import annotations
 
 import array
-import ctypes
 from pathlib import Path
 
 import llama_cpp
@@ -17,7 +16,7 @@ import llama_cpp
 import native
 
 from . import llama_runtime as rt
-from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, sha256_of
+from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, sha256_of
 
 TEXT_MECHANISMS = ("between_calls", "abort_callback", "chunked")
 
@@ -130,24 +129,9 @@ class TextEngine:
                     raise RuntimeError(f"llama_decode returned {rc} during generate")
                 pos += 1
                 progress.tokens_generated = len(generated)
-        # A cancel that landed during the last native call is honoured too: the
-        # caller gets "cancelled", never a result it asked to stop.
-        stopped = stopped or ctl.requested
-        phase_at_terminal = progress.phase
-        t_terminal = native.now_ns()
-        durations = clock.close()
-        return EngineResult(
-            outcome="cancelled" if stopped else "completed",
-            t_start_ns=t_start,
-            t_terminal_ns=t_terminal,
-            phase_at_terminal=phase_at_terminal,
-            decode_rc=rc,
-            output_sha256=None if stopped else sha256_of(array.array("i", generated).tobytes()),
-            phase_durations_ms=durations,
-            phase_segments=clock.segments,
-            n_input_tokens=len(tokens),
-            output=generated,
-        )
+        return finish_trial(ctl, clock, stopped=stopped, t_start_ns=t_start, decode_rc=rc,
+                            n_input_tokens=len(tokens), output=generated,
+                            output_sha256=sha256_of(array.array("i", generated).tobytes()))
 
     def kv_pos_max(self) -> int:
         return llama_cpp.llama_memory_seq_pos_max(self.mem, 0)

@@ -53,7 +53,7 @@ import native
 
 from . import llama_runtime as rt
 from . import mtmd_ext as X
-from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, sha256_of
+from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, sha256_of
 
 TTS_MECHANISMS = ("between_calls", "abort_callback", "chunked", "graph_eval")
 WINDOW_FRAMES = 72           # mtmd-helper-gen.cpp qwen3tts window_frames (== clip wav_tfm_swa)
@@ -359,21 +359,8 @@ class TtsEngine:
             wav_out = trial.get("wav_out")
             if wav_out:
                 output["wav"] = str(X.write_wav16(Path(wav_out), pcm, self.sample_rate))
-        phase_at_terminal = progress.phase
-        t_terminal = native.now_ns()
-        durations = clock.close()
-        return EngineResult(
-            outcome="cancelled" if stopped else "completed",
-            t_start_ns=t_start,
-            t_terminal_ns=t_terminal,
-            phase_at_terminal=phase_at_terminal,
-            decode_rc=rc,
-            output_sha256=sha,
-            phase_durations_ms=durations,
-            phase_segments=clock.segments,
-            n_input_tokens=n_prompt,
-            output=output,
-        )
+        return finish_trial(ctl, clock, stopped=stopped, t_start_ns=t_start, decode_rc=rc, n_input_tokens=n_prompt,
+                            output=output, output_sha256=sha)
 
     # ------------------------------------------------------------------ teardown
 
