@@ -20,18 +20,52 @@ class NativeLibraryMissing(RuntimeError):
     """The compiled cancel-token library is not next to this module."""
 
 
+def _built_library(directory: Path) -> Path | None:
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = directory / f"{LIB_BASENAME}{suffix}"
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _compile_into_cache() -> Path:
+    """Build the library from the source next to this file into a per-user cache.
+
+    A copy of the package without its build products (a Ray job's working_dir,
+    which skips git-ignored files) still finds its native code this way.
+    """
+    import hashlib
+    import shutil
+    import subprocess
+    import sys
+
+    source = _HERE / "cancel_token.c"
+    if not source.exists():
+        raise NativeLibraryMissing(f"neither the compiled library nor {source} is available")
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cancelbench"
+    target = cache / f"{LIB_BASENAME}-{digest}{'.dylib' if sys.platform == 'darwin' else '.so'}"
+    if target.exists():
+        return target
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise NativeLibraryMissing(f"{LIB_BASENAME} is not built and no C compiler was found; "
+                                   "install the package (pip install -e .)")
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    cmd = [cc, "-O2", "-std=gnu11", "-fPIC", "-shared", "-fvisibility=hidden", str(source), "-o", str(tmp)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise NativeLibraryMissing(f"compiling {source} failed: {result.stderr.strip()[-500:]}")
+    os.replace(tmp, target)
+    return target
+
+
 def _find_library() -> Path:
     override = os.environ.get("CANCELBENCH_NATIVE_LIB")
     if override:
         return Path(override)
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        candidate = _HERE / f"{LIB_BASENAME}{suffix}"
-        if candidate.exists():
-            return candidate
-    raise NativeLibraryMissing(
-        f"native cancel-token library {LIB_BASENAME}*.so not found in {_HERE}; "
-        "install the package (pip install -e .) so setup.py compiles native/cancel_token.c"
-    )
+    return _built_library(_HERE) or _compile_into_cache()
 
 
 def _load() -> ctypes.CDLL:
