@@ -40,6 +40,8 @@ class DeviceAgent:
     def __init__(self, device_id: str = "cpu:0", device_name: str | None = None, n_threads: int | None = None,
                  node_label: str | None = None) -> None:
         self.device_id = device_id
+        from .engines.llama_runtime import quiet_logs
+        quiet_logs()  # before the device probe initialises ggml's backends
         devices = self._probe_devices()
         mine = next((d for d in devices if d.get("device_id") == device_id), None)
         self.meta = probe_host(device_id, device_name or (mine or {}).get("description"), n_threads)
@@ -47,10 +49,8 @@ class DeviceAgent:
         self.meta["devices_seen"] = [d.get("device_id") for d in devices]
         if node_label:
             self.meta["node_label"] = node_label
-        try:
-            self.meta["node_id"] = ray.get_runtime_context().get_node_id()
-        except Exception:  # not inside Ray
-            self.meta["node_id"] = None
+        # Outside Ray (benchmarks, tests) there is no node; never auto-start a Ray here.
+        self.meta["node_id"] = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         self.token = native.CancelToken()
         self._lock = threading.Lock()
         self._current: tuple[str, CancelControl] | None = None

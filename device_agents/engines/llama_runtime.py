@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from pathlib import Path
 
@@ -24,16 +25,21 @@ def ensure_backend() -> None:
             _backend_ready = True
 
 
-def quiet_logs() -> None:
-    """Route llama.cpp's log output to nowhere (the agent's stderr stays readable)."""
-    from llama_cpp import _logger  # noqa: F401  (installs llama-cpp-python's log callback)
+GGML_LOG_LEVEL_ERROR = 4
 
-    llama_cpp.llama_log_set(_silent_log, ctypes.c_void_p(0))
+
+def quiet_logs() -> None:
+    """Keep llama.cpp/ggml errors on stderr, drop their info chatter (the agent's
+    output stays readable). Call before the first ggml backend use."""
+    from llama_cpp import _logger  # noqa: F401  (installs llama-cpp-python's log callback first)
+
+    llama_cpp.llama_log_set(_errors_only_log, ctypes.c_void_p(0))
 
 
 @llama_cpp.llama_log_callback
-def _silent_log(level, text, user_data):  # pragma: no cover - native callback
-    return None
+def _errors_only_log(level, text, user_data):  # pragma: no cover - native callback
+    if level == GGML_LOG_LEVEL_ERROR and text:
+        sys.stderr.write(text.decode("utf-8", "replace"))
 
 
 def check_gguf(path: Path, what: str = "model") -> Path:
