@@ -52,12 +52,15 @@ def cmd_sweep(args) -> int:
         from reports.format import to_terminal
         from reports.html import to_html
         from reports.load import load_plot_samples
+        from reports.summary import summary_text
 
+        print(summary_text([result.out_dir]))
         report = build_report([result.out_dir])
-        print(to_terminal(report))
+        (result.out_dir / "report.txt").write_text(to_terminal(report))
         page = result.out_dir / "report.html"
         page.write_text(to_html(report, load_plot_samples([result.out_dir])))
-        print(f"HTML report: {page}")
+        print(f"per-phase cross-platform report: {result.out_dir / 'report.txt'} (cancelbench report "
+              f"{result.out_dir}); plots: {page}")
     return result.exit_code
 
 

@@ -61,7 +61,7 @@ class OffsetSpec:
     plan: str = "uniform"
     fixed_ms: tuple[float, ...] = ()
     min_per_phase: int = 5  # phase plan: cancels aimed at each phase, at least
-    max_fraction: float = 1.0  # uniform: draw over [0, max_fraction) of the reference
+    max_fraction: float = 0.9  # uniform: draw over [0, max_fraction) of the reference
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class SweepConfig:
     seed: int = 0
     input_seed: int | None = None
     offset_seed: int | None = None
-    trials_per_cell: int = 30
+    trials_per_cell: int = 40  # uniform cancels: >= 29 land in flight, enough for a p90
     reference_runs: int = 3
     mechanisms: tuple[str, ...] = ("between_calls", "abort_callback", "chunked")
     deliveries: tuple[str, ...] = ("driver", "agent")
@@ -196,7 +196,7 @@ def parse_config(data: dict) -> SweepConfig:
         raise ConfigError(f"offsets.fixed_ms: offsets must be finite and >= 0, got {fixed}")
     if plan == "fixed" and not fixed:
         raise ConfigError("offsets.plan = 'fixed' needs a non-empty offsets.fixed_ms")
-    max_fraction = off.get("max_fraction", 1.0)
+    max_fraction = off.get("max_fraction", OffsetSpec.max_fraction)
     if isinstance(max_fraction, bool) or not isinstance(max_fraction, (int, float)) or not 0 < max_fraction <= 2:
         raise ConfigError(f"offsets.max_fraction must be in (0, 2], got {max_fraction!r}")
     offsets = OffsetSpec(plan=plan, fixed_ms=tuple(float(v) for v in fixed),

@@ -68,6 +68,12 @@ def test_uniform_sweep_writes_the_documented_dataset(local_ray, tmp_path):
     assert (abort.abort_polls > 0).any()
     for col in ("hostname", "cpu_model", "llama_cpp_python_version", "cancelbench_version", "model_sha256"):
         assert df[col].notna().all(), col
+    # The end-of-sweep summary: one row per device x workload x mechanism x delivery.
+    from reports.summary import summary_section
+    section = summary_section([out])
+    assert len(section.rows) == 3 * 2
+    assert {(r[2], r[3]) for r in section.rows} == {(m, d) for m in ("between_calls", "abort_callback", "chunked")
+                                                    for d in ("driver", "agent")}
     # DuckDB reads the same files with hive partitioning.
     duckdb = pytest.importorskip("duckdb")
     n = duckdb.sql(f"select count(*) from read_parquet('{out}/records/**/*.parquet', hive_partitioning=true)"
