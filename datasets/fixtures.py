@@ -141,6 +141,11 @@ def write_text_fixture(spec: TextFixtureSpec, out_dir: Path | None = None) -> Pa
     w.add_tensor("output_norm.weight", ones)
     w.add_tensor("output.weight", _weights(rng, (n_vocab, spec.n_embd), s_in))
 
+    return close_gguf(w, tmp, path)
+
+
+def close_gguf(w, tmp: Path, path: Path) -> Path:
+    """Finish a GGUFWriter writing to ``tmp`` and move it into place atomically."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

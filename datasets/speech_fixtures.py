@@ -36,14 +36,13 @@ do not depend on numpy's distribution code and the committed lock
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-DATASETS_DIR = Path(__file__).resolve().parent
-MODELS_DIR = Path(os.environ.get("CANCELBENCH_MODELS_DIR", DATASETS_DIR / "models"))
+from .fixtures import DATASETS_DIR, MODELS_DIR, close_gguf
+
 SPEECH_LOCK = DATASETS_DIR / "locks" / "speech_fixtures.json"
 
 # Named codec ids of talker_config (the conversion names row i of the codec
@@ -247,13 +246,7 @@ def _open(path: Path, arch: str):
     return gguf.GGUFWriter(str(tmp), arch), tmp
 
 
-def _close(w, tmp: Path, path: Path) -> Path:
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, path)
-    return path
+_close = close_gguf
 
 
 def _write_qwen_text_block(w, rng: _Rng, n_layer: int, n_embd: int, n_head: int, n_head_kv: int,

@@ -496,12 +496,7 @@ def probe_devices_subprocess(env: Mapping[str, str | None] | None = None, *,
     Use ``PYTHONPATH``/``LLAMA_CPP_LIB_PATH`` in ``env`` to probe another install.
     Raises :class:`BackendProbeError` when the probe fails.
     """
-    full = dict(os.environ) if inherit_env else {}
-    for k, v in (env or {}).items():
-        if v is None:
-            full.pop(k, None)
-        else:
-            full[k] = v
+    full = _overlay_env(env, inherit_env)
     code = ("import json, runpy, sys\n"
             f"m = runpy.run_path({str(Path(__file__).resolve())!r})\n"
             f"sys.stdout.write({_MARK!r} + json.dumps(m['_probe_payload']()) + '\\n')\n")
@@ -550,13 +545,19 @@ def probe_all_devices(env: Mapping[str, str | None] | None = None, *,
     return out + [vk[i] for i in sorted(vk)]
 
 
-def _vulkan_count_subprocess(env, *, python, timeout) -> int:
-    full = dict(os.environ)
+def _overlay_env(env: Mapping[str, str | None] | None, inherit: bool = True) -> dict[str, str]:
+    """This process's environment (if ``inherit``) with ``env`` on top; None values remove."""
+    full = dict(os.environ) if inherit else {}
     for k, v in (env or {}).items():
         if v is None:
             full.pop(k, None)
         else:
             full[k] = v
+    return full
+
+
+def _vulkan_count_subprocess(env, *, python, timeout) -> int:
+    full = _overlay_env(env)
     code = ("import runpy\n"
             f"m = runpy.run_path({str(Path(__file__).resolve())!r})\n"
             "print(len(m['vulkan_physical_devices']()))\n")
