@@ -120,10 +120,13 @@ class _Progress:
         self.bars = {}
         self.dropped = collections.Counter()
         if enabled:
+            import sys
+
             from tqdm import tqdm
+            interval = 0.5 if sys.stderr.isatty() else 30.0  # a log file gets a line every 30 s
             for i, (key, total) in enumerate(sorted(totals.items())):
                 self.bars[key] = tqdm(total=total, desc=key, position=i, unit="trial", leave=True,
-                                      dynamic_ncols=True, mininterval=0.5)
+                                      dynamic_ncols=True, mininterval=interval)
 
     def update(self, key: str, outcome: str) -> None:
         if outcome == "dropped":
