@@ -91,9 +91,12 @@ def test_probe_workload_calibrates_the_harness(local_ray, tmp_path):
     c = df[(df.trial_kind == "cancel") & (df.outcome == "cancelled")]
     assert len(c) >= 8
     assert c.known_answer_error_ms.notna().all()
-    # Generous: the median harness-measured latency is within one period (+1 ms) of the known answer.
-    assert c.latency_ms.median() <= 2.0 + 1.0
+    # Generous (a behaviour check, not a timing bound): the harness-measured latency
+    # is on the scale of the 2 ms check period, not of the 150 ms busy run, and the
+    # probe's return matches the known answer to within a period.
+    assert c.latency_ms.median() <= 3 * 2.0
     assert c.known_answer_error_ms.abs().median() < 2.0
+    assert (c.latency_ms < 150.0 / 2).all()
 
 
 def test_existing_results_are_never_overwritten(local_ray, tmp_path):
