@@ -96,7 +96,6 @@ def test_probe_workload_calibrates_the_harness(local_ray, tmp_path):
     # probe's return matches the known answer to within a period.
     assert c.latency_ms.median() <= 3 * 2.0
     assert c.known_answer_error_ms.abs().median() < 2.0
-    assert (c.latency_ms < 150.0 / 2).all()
 
 
 def test_existing_results_are_never_overwritten(local_ray, tmp_path):
