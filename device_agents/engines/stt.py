@@ -129,12 +129,7 @@ class SttEngine:
                 raise RuntimeError(f"llama_batch_ext_add_token failed ({idx})")
             p.value = pos + i
             llama_cpp.llama_batch_ext_set_pos(b, idx, ctypes.byref(p))
-        if logits_last:
-            llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
-        with ctl.native_call("llama_process"):
-            rc = llama_cpp.llama_process(self.ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
-            llama_cpp.llama_synchronize(self.ctx)
-        return rc
+        return self._process(ctl, idx, logits_last)
 
     def _decode_embd(self, ctl: CancelControl, base: int, first: int, n: int, pos0: int, logits_last: bool) -> int:
         """Embedding rows [first, first + n) of the chunk, positions like decode_embd_batch."""
@@ -152,10 +147,14 @@ class SttEngine:
             for j in range(N_POS_MROPE):  # set_position_mrope_1d: every section = pos; else one position
                 pos[j] = pos0 + i if (self.mrope or j == 0) else 0
             llama_cpp.llama_batch_ext_set_pos(b, idx, pos)
+        return self._process(ctl, idx, logits_last)
+
+    def _process(self, ctl: CancelControl, last_idx: int, logits_last: bool) -> int:
+        """Decode the filled batch, timed to llama_synchronize."""
         if logits_last:
-            llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
+            llama_cpp.llama_batch_ext_set_output_logits(self.batch, last_idx, True)
         with ctl.native_call("llama_process"):
-            rc = llama_cpp.llama_process(self.ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
+            rc = llama_cpp.llama_process(self.ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, self.batch)
             llama_cpp.llama_synchronize(self.ctx)
         return rc
 
