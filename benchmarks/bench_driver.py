@@ -21,11 +21,8 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 
-import numpy as np
+from reports.stats import percentile
 
-
-def pct(values, q):
-    return float(np.percentile(np.asarray(values, dtype=float), q, method="inverted_cdf")) if len(values) else None
 
 
 def run(n_agents: int, trials: int) -> dict:
@@ -70,12 +67,12 @@ def run(n_agents: int, trials: int) -> dict:
         "trial_span_s": span_s,
         "dispatch_rate_trials_per_s": len(df) / span_s,
         "agent_busy_share": float(df.duration_ms.sum() / 1e3 / (span_s * n_agents)),
-        "driver_gap_ms_p50": pct(gaps, 50),
-        "driver_gap_ms_p99": pct(gaps, 99),
-        "deliver_ms_p50": pct(done.deliver_ms.dropna(), 50),
-        "deliver_ms_p99": pct(done.deliver_ms.dropna(), 99),
-        "schedule_lag_ms_p50": pct(done.schedule_lag_ms.dropna(), 50),
-        "schedule_lag_ms_p99": pct(done.schedule_lag_ms.dropna(), 99),
+        "driver_gap_ms_p50": percentile(gaps, 0.5),
+        "driver_gap_ms_p99": percentile(gaps, 0.99),
+        "deliver_ms_p50": percentile(done.deliver_ms.dropna(), 0.5),
+        "deliver_ms_p99": percentile(done.deliver_ms.dropna(), 0.99),
+        "schedule_lag_ms_p50": percentile(done.schedule_lag_ms.dropna(), 0.5),
+        "schedule_lag_ms_p99": percentile(done.schedule_lag_ms.dropna(), 0.99),
         "outcomes": {k: int(v) for k, v in df.outcome.value_counts().items()},
         "exit_code": result.exit_code,
     }

@@ -32,6 +32,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 import numpy as np
 
+from reports.stats import percentile
+
 import native
 from datasets.fixtures import ensure_text_fixture
 from device_agents.engines.base import CancelControl, Progress
@@ -43,12 +45,9 @@ WORKLOAD = {"n_threads": 2, "n_batch": 256, "n_ubatch": 256, "prompt_tokens": 25
             "chunk_tokens": 32}
 
 
-def pct(values, q):
-    return float(np.percentile(np.asarray(values, dtype=float), q, method="inverted_cdf")) if values else None
-
 
 def summary(values):
-    return {"n": len(values), "p50_ms": pct(values, 50), "p99_ms": pct(values, 99),
+    return {"n": len(values), "p50_ms": percentile(values, 0.5), "p99_ms": percentile(values, 0.99),
             "max_ms": max(values) if values else None}
 
 
@@ -140,8 +139,8 @@ def harness_overhead(model: str, n: int) -> dict:
         ratios.append((wall - dur) / dur)
     ray.kill(agent)
     ray.shutdown()
-    return {"n": n, "overhead_ratio_p50": pct(ratios, 50), "overhead_ratio_p90": pct(ratios, 90),
-            "trial_wall_ms_p50": pct(walls, 50)}
+    return {"n": n, "overhead_ratio_p50": percentile(ratios, 0.5), "overhead_ratio_p90": percentile(ratios, 0.9),
+            "trial_wall_ms_p50": percentile(walls, 0.5)}
 
 
 def main() -> int:

@@ -44,17 +44,10 @@ from datasets import speech_fixtures as SF  # noqa: E402
 from device_agents.engines.base import CancelControl, Progress  # noqa: E402
 from device_agents.engines.stt import SttEngine  # noqa: E402
 from device_agents.engines.tts import WINDOW_FRAMES, TtsEngine  # noqa: E402
+from reports.stats import percentile  # noqa: E402
 
 MECHANISMS = ("between_calls", "abort_callback", "chunked", "graph_eval")
 TTS_TEXT = "Cancel this sentence while it is being spoken."
-
-
-def pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    k = min(len(xs) - 1, max(0, int(round(q * (len(xs) - 1)))))
-    return xs[k]
 
 
 def cancel_at(ctl: CancelControl, predicate, delay_s: float, timeout_s: float = 120.0) -> threading.Thread:
@@ -181,11 +174,11 @@ def cancel_trials(run_trial, targets: dict, ref: dict, trials: int, rng: random.
         share = (statistics.mean(res) / (call / 2)) if res and call > 0 else None
         cells[phase] = {
             "n": in_phase, "n_in_flight": n_inflight, "n_seen_natively": observed,
-            "latency_ms": {"p50": pct(lat, .5), "p99": pct(lat, .99), "max": max(lat) if lat else None},
-            "residue_ms": {"p50": pct(res, .5), "max": max(res) if res else None},
+            "latency_ms": {"p50": percentile(lat, .5), "p99": percentile(lat, .99), "max": max(lat) if lat else None},
+            "residue_ms": {"p50": percentile(res, .5), "max": max(res) if res else None},
             "call_ms": call, "phase_ms": ref["phase_ms"].get(phase),
             "uninterruptible_share": None if share is None else round(min(1.0, share), 3),
-            "cost_ratio_p50": pct(ratio, .5),
+            "cost_ratio_p50": percentile(ratio, .5),
         }
     return cells
 
@@ -252,7 +245,7 @@ def node_profile(paths: dict, threads: int, clip: str) -> dict:
         ms = sorted(x for x, _ in rec)
         top = max(rec) if rec else (None, None)
         out = {"graph": label, "nodes_computed": len(ms), "sum_ms": round(sum(ms), 2),
-               "node_ms_p50": pct(ms, .5), "node_ms_p99": pct(ms, .99), "node_ms_max": top[0], "max_node": top[1]}
+               "node_ms_p50": percentile(ms, .5), "node_ms_p99": percentile(ms, .99), "node_ms_max": top[0], "max_node": top[1]}
         rec.clear()
         return out
 

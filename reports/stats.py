@@ -51,6 +51,12 @@ def nearest_rank(sorted_values: np.ndarray, p: float) -> float:
     return float(sorted_values[nearest_rank_index(len(sorted_values), p)])
 
 
+def percentile(values, p: float) -> float | None:
+    """Nearest-rank p-th percentile (p in (0, 1]) of unsorted values; None when empty."""
+    arr = np.sort(np.asarray(list(values), dtype=float))
+    return nearest_rank(arr, p) if len(arr) else None
+
+
 def binom_cdf(k: int, n: int, q: float) -> float:
     """P(Binomial(n, q) <= k), summed in log space (no scipy needed)."""
     if k < 0:
