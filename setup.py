@@ -21,7 +21,7 @@ extra_compile_args = ["-O2", "-std=gnu11", "-fvisibility=hidden"] if sys.platfor
 setup(
     ext_modules=[
         Extension(
-            "native._cancelbench_native",
+            "cancelbench.native._cancelbench_native",
             sources=["native/cancel_token.c"],
             extra_compile_args=extra_compile_args,
         )

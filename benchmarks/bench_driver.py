@@ -21,18 +21,18 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 
-from reports.stats import percentile
+from cancelbench.reports.stats import percentile
 
 
 
 def run(n_agents: int, trials: int) -> dict:
     import ray
 
-    from orchestrator import cluster
-    from orchestrator.cluster import DeviceSlot
-    from orchestrator.config import OffsetSpec, SweepConfig, WorkloadSpec
-    from orchestrator.runner import Sweep
-    from orchestrator.sink import read_records
+    from cancelbench.orchestrator import cluster
+    from cancelbench.orchestrator.cluster import DeviceSlot
+    from cancelbench.orchestrator.config import OffsetSpec, SweepConfig, WorkloadSpec
+    from cancelbench.orchestrator.runner import Sweep
+    from cancelbench.sink import read_records
 
     # n agents on the one local node: the probe engine needs no model, so the
     # driver's own work dominates.
@@ -87,7 +87,7 @@ def main() -> int:
 
     import ray
 
-    from orchestrator import cluster
+    from cancelbench.orchestrator import cluster
 
     cluster.connect(None)
     rows = [run(n, args.trials) for n in args.agents]

@@ -32,12 +32,12 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 import numpy as np
 
-from reports.stats import percentile
+from cancelbench.reports.stats import percentile
 
-import native
-from datasets.fixtures import ensure_text_fixture
-from device_agents.engines.base import CancelControl, Progress
-from device_agents.engines.text import TextEngine
+from cancelbench import native
+from cancelbench.datasets.fixtures import ensure_text_fixture
+from cancelbench.device_agents.engines.base import CancelControl, Progress
+from cancelbench.device_agents.engines.text import TextEngine
 
 PROMPT = ("Explain to a new colleague how the test harness measures the time between pressing cancel and the "
           "engine going quiet, and which timestamps it records on the way.")
@@ -119,13 +119,13 @@ def harness_overhead(model: str, n: int) -> dict:
     """Uncancelled trials through a real local Ray agent: driver wall vs agent duration."""
     import ray
 
-    from orchestrator import cluster
-    from orchestrator.cluster import DeviceSlot
+    from cancelbench.orchestrator import cluster
+    from cancelbench.orchestrator.cluster import DeviceSlot
 
     cluster.connect(None)
     node = ray.get_runtime_context().get_node_id()
     agent = cluster.start_agent(DeviceSlot(node_id=node, host="local", device_id="cpu:0"), n_threads=2)
-    from datasets.fixtures import fixture_lock_entries
+    from cancelbench.datasets.fixtures import fixture_lock_entries
     ray.get(agent.load.remote({**WORKLOAD, "engine": "text", "model": "fixture:text-llama-57m",
                                "locks": fixture_lock_entries("text-llama-57m")}))
     ratios, walls = [], []

@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.schema import FILE_SCHEMA, SCHEMA_VERSION  # noqa: E402
-from orchestrator.sink import MANIFEST, records_dir, write_json_atomic  # noqa: E402
+from cancelbench.schema import FILE_SCHEMA, SCHEMA_VERSION  # noqa: E402
+from cancelbench.sink import MANIFEST, records_dir, write_json_atomic  # noqa: E402
 
 DEVICES = [("mac1", "metal", "metal:0", "Apple M2", "darwin", "arm64"),
            ("lin1", "cpu", "cpu:0", "AMD EPYC", "linux", "x86_64"),
@@ -110,12 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "report_scale.json")
     args = ap.parse_args(argv)
 
-    from reports import Filters, ReportSpec, build_report, load_defects
-    from reports.diff import run_diff
-    from reports.format import to_json, to_markdown, to_terminal
-    from reports.html import to_html
-    from reports.load import TABLE_COLUMNS, load_frame, load_plot_samples
-    from reports.tables import aggregate_cells, aggregate_hops, device_infos
+    from cancelbench.reports import Filters, ReportSpec, build_report, load_defects
+    from cancelbench.reports.diff import run_diff
+    from cancelbench.reports.format import to_json, to_markdown, to_terminal
+    from cancelbench.reports.html import to_html
+    from cancelbench.reports.load import TABLE_COLUMNS, load_frame, load_plot_samples
+    from cancelbench.reports.tables import aggregate_cells, aggregate_hops, device_infos
 
     tmp = None
     out = args.keep or Path(tmp := tempfile.mkdtemp(prefix="cb-bench-")) / "sweep"
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         # GNU time reports the child's own peak RSS (getrusage of children would count the forked parent).
         timer = ["/usr/bin/time", "-f", "maxrss_kib=%M"] if Path("/usr/bin/time").exists() else []
         cli, t_cli = _timed(lambda: subprocess.run(
-            [*timer, sys.executable, "-m", "reports.cli", "report", str(out), "--format", "markdown",
+            [*timer, sys.executable, "-m", "cancelbench.cli", "report", str(out), "--format", "markdown",
              "--json", os.devnull], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
             env=dict(os.environ, PYTHONPATH=str(ROOT))))
         rss = [ln for ln in cli.stderr.splitlines() if ln.startswith("maxrss_kib=")]

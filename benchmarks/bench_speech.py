@@ -39,12 +39,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import native  # noqa: E402
-from datasets import speech_fixtures as SF  # noqa: E402
-from device_agents.engines.base import CancelControl, Progress  # noqa: E402
-from device_agents.engines.stt import SttEngine  # noqa: E402
-from device_agents.engines.tts import WINDOW_FRAMES, TtsEngine  # noqa: E402
-from reports.stats import percentile  # noqa: E402
+from cancelbench import native  # noqa: E402
+from cancelbench.datasets import speech_fixtures as SF  # noqa: E402
+from cancelbench.device_agents.engines.base import CancelControl, Progress  # noqa: E402
+from cancelbench.device_agents.engines.stt import SttEngine  # noqa: E402
+from cancelbench.device_agents.engines.tts import WINDOW_FRAMES, TtsEngine  # noqa: E402
+from cancelbench.reports.stats import percentile  # noqa: E402
 
 MECHANISMS = ("between_calls", "abort_callback", "chunked", "graph_eval")
 TTS_TEXT = "Cancel this sentence while it is being spoken."
@@ -214,8 +214,8 @@ def node_profile(paths: dict, threads: int, clip: str) -> dict:
     import llama_cpp
     from llama_cpp import mtmd_cpp as M
 
-    from device_agents.engines import llama_runtime as rt
-    from device_agents.engines import mtmd_ext as X
+    from cancelbench.device_agents.engines import llama_runtime as rt
+    from cancelbench.device_agents.engines import mtmd_ext as X
 
     T = _GgmlTensor.get()
     rec: list[tuple[float, str]] = []
@@ -297,7 +297,7 @@ def node_profile(paths: dict, threads: int, clip: str) -> dict:
 
 
 def SF_read(clip: str):
-    from device_agents.engines import mtmd_ext as X
+    from cancelbench.device_agents.engines import mtmd_ext as X
     return X.read_wav_mono_f32(Path(clip), 16000)
 
 

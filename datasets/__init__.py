@@ -1,0 +1,1 @@
+"""Corpora, locks, fixture recipes and sweep recipes (``cancelbench.datasets``)."""

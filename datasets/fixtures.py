@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-DATASETS_DIR = Path(__file__).resolve().parent
-MODELS_DIR = Path(os.environ.get("CANCELBENCH_MODELS_DIR", DATASETS_DIR / "models"))
+from .paths import DATASETS_DIR, MODELS_DIR
 TEXT_LOCK = DATASETS_DIR / "locks" / "text_fixtures.json"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import ray
 
-import native
+from cancelbench import native
 
 from .engines.base import CancelControl, EngineInputError, Progress
 from .probe import probe_host
@@ -210,7 +210,7 @@ def _resolve_input(spec: dict) -> dict:
     """Corpus audio paths are relative to the datasets package on the agent's host."""
     wav = spec.get("wav")
     if wav:
-        from datasets.fixtures import DATASETS_DIR
+        from cancelbench.datasets.fixtures import DATASETS_DIR
         path = Path(wav)
         spec = {**spec, "input": str(path if path.is_absolute() else DATASETS_DIR / path)}
     return spec

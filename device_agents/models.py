@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from datasets.locks import FileLock, LockError, verify_file
+from cancelbench.datasets.locks import FileLock, LockError, verify_file
 
 MODEL_KEYS = ("model", "mmproj")
 
@@ -16,7 +16,7 @@ def resolve_models(workload: dict) -> dict:
     ``workload["locks"]`` maps file name -> {size, sha256, source}; the driver
     fills it from the lock file so an agent on another host needs no lock file.
     """
-    from datasets.fixtures import ensure_fixture
+    from cancelbench.datasets.fixtures import ensure_fixture
 
     wl = dict(workload)
     locks = wl.get("locks") or {}

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from device_agents.agent import remote_agent_class
+from cancelbench.device_agents.agent import remote_agent_class
 
 from .config import DeviceSelector
 
@@ -40,6 +40,20 @@ class DeviceSlot:
         return self.device_id.split(":", 1)[0]
 
 
+def use_auth_mode(mode: str) -> None:
+    """Set Ray's auth mode for this process and the Ray processes it starts.
+
+    Ray caches the mode in its RayConfig when it is imported; re-initializing
+    that config after changing the variable is what Ray itself does when it
+    turns token auth on (ray._private.authentication.authentication_token_setup).
+    Called where Ray is started or connected, never at import.
+    """
+    os.environ["RAY_AUTH_MODE"] = mode
+    from ray._raylet import Config
+
+    Config.initialize("")
+
+
 def connect(address: str | None = None) -> None:
     """Connect to ``address``/RAY_ADDRESS, or start a local Ray bound to 127.0.0.1.
 
@@ -47,7 +61,7 @@ def connect(address: str | None = None) -> None:
     """
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    use_auth_mode(os.environ.get("RAY_AUTH_MODE") or "token")
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         host = address.split("://")[-1].rsplit(":", 1)[0]
@@ -81,7 +95,7 @@ def _init_loopback(address: str) -> None:
 @ray.remote(num_cpus=0)
 def _probe_node_devices() -> list[str]:
     """Runs on one node: every device its llama.cpp build and hardware offer."""
-    from device_agents.backends import probe_all_devices
+    from cancelbench.device_agents.backends import probe_all_devices
 
     return [d.device_id for d in probe_all_devices()]
 
@@ -114,7 +128,7 @@ def discover_slots(selector: DeviceSelector) -> list[DeviceSlot]:
     on that node. Each agent probes its own device again at start, so a label
     that claims a device the build cannot see is caught before any trial.
     """
-    from device_agents.backends import backend_env
+    from cancelbench.device_agents.backends import backend_env
 
     slots: list[DeviceSlot] = []
     for node in ray.nodes():

@@ -12,13 +12,13 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .schema import DELIVERIES, MECHANISMS
+from cancelbench.datasets.paths import DATASETS_DIR
+from cancelbench.schema import DELIVERIES, MECHANISMS
 
 ENGINES = ("text", "tts", "stt", "probe")
 OFFSET_PLANS = ("immediate", "uniform", "fixed", "phase")
 BACKENDS = ("cpu", "vulkan", "metal", "cuda")
-CORPORA_DIR = Path(__file__).resolve().parent.parent / "datasets" / "corpora"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+CORPORA_DIR = DATASETS_DIR / "corpora"
 
 
 class ConfigError(ValueError):
@@ -260,7 +260,7 @@ def _check_input(workload: WorkloadSpec, item: dict, where: str) -> None:
         wav = item.get("wav")
         if not wav:
             raise ConfigError(f"{where}: input {item['id']!r} has no 'wav'")
-        path = Path(wav) if Path(wav).is_absolute() else REPO_ROOT / "datasets" / wav
+        path = Path(wav) if Path(wav).is_absolute() else DATASETS_DIR / wav
         try:
             with wave.open(str(path), "rb") as w:
                 rate, channels = w.getframerate(), w.getnchannels()

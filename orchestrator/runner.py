@@ -22,13 +22,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
-from datasets.locks import LockError, load_lock, verify_file
+from cancelbench.datasets.locks import LockError, load_lock, verify_file
 
-from . import cluster, sink as sinks
+from cancelbench import sink as sinks
+
+from . import cluster
 from .clock import ClockOffset, driver_now_ns, estimate_offset
 from .config import SweepConfig, WorkloadSpec, load_inputs
 from .plan import ReferenceTimeline, TrialSpec, build_plan, resolve_offset_ms
-from .schema import SCHEMA_VERSION, derive, empty_row
+from cancelbench.schema import SCHEMA_VERSION, derive, empty_row
 
 
 class SweepInputError(ValueError):
@@ -73,7 +75,7 @@ def workload_payload(wl: WorkloadSpec, driver_sees_files: bool = False) -> dict:
         if not spec or wl.engine == "probe":
             continue
         if spec.startswith("fixture:"):
-            from datasets.fixtures import fixture_lock_entries
+            from cancelbench.datasets.fixtures import fixture_lock_entries
             try:
                 locks.update(fixture_lock_entries(spec.split(":", 1)[1]))
             except KeyError as exc:

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from orchestrator.sink import DatasetError
+from cancelbench.sink import DatasetError
 
 from .load import Filters
 from .tables import BoundSpec, ReportSpec

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orchestrator.sink import DatasetError
+from cancelbench.sink import DatasetError
 
 from . import stats
 from .format import (MARKDOWN_LIMIT, Section, fmt_ms, jsonable, markdown_document, md_safe,

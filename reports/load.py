@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from orchestrator.sink import DatasetError, open_dataset, read_manifest
+from cancelbench.sink import DatasetError, open_dataset, read_manifest
 
 # Columns that group cancel rows into cells (before derivation).
 KEY_SOURCE_COLUMNS = ["workload", "phase_at_receipt", "mechanism", "delivery", "host", "backend", "device"]
@@ -106,7 +106,7 @@ def load_frame(dirs: list[str | Path], columns: list[str] | None = None, filters
 def records_dirs(dirs: list[str | Path]) -> list[str]:
     """The records/ directory of each dataset, validated (exists, schema
     version, at least one Parquet file) so bad input fails before Ray starts."""
-    from orchestrator.sink import records_dir
+    from cancelbench.sink import records_dir
 
     datasets = open_many(dirs)
     if not any(next(iter(d.get_fragments()), None) is not None for d in datasets):

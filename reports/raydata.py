@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from orchestrator.sink import DatasetError
+from cancelbench.sink import DatasetError
 
 from .load import DEFECT_OUTCOMES, Filters, TABLE_COLUMNS, records_dirs
 from .tables import (CELL_KEYS, CELL_VALUE_COLUMNS, DEFECT_COLUMNS, HOPS, CellStats, HopStats, Report, ReportSpec,

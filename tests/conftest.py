@@ -8,7 +8,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")  # before any `import ray`
 
 import pytest
 
-from datasets.fixtures import ensure_text_fixture
+from cancelbench.datasets.fixtures import ensure_text_fixture
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +28,7 @@ def local_ray():
     (module scope: test_cluster.py brings its own multi-node cluster)."""
     import ray
 
-    from orchestrator import cluster
+    from cancelbench.orchestrator import cluster
 
     cluster.connect(None)
     yield ray

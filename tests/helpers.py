@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-import native
+from cancelbench import native
 
 
 def cancel_when(ctl, predicate, timeout_s: float = 60.0, delay_s: float = 0.0) -> threading.Thread:

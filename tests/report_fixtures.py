@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator import schema
-from orchestrator.sink import MANIFEST, RecordSink, write_json_atomic
+from cancelbench import schema
+from cancelbench.sink import MANIFEST, RecordSink, write_json_atomic
 
 T0 = 1_000_000_000_000  # agent monotonic ns at hand-back of the first trial
 MS = 1_000_000

@@ -24,8 +24,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from device_agents import backends  # noqa: E402
-from device_agents.backends import BackendDevice  # noqa: E402
+from cancelbench.device_agents import backends  # noqa: E402
+from cancelbench.device_agents.backends import BackendDevice  # noqa: E402
 
 LLAMA_VERSION = "0.3.36"
 REQUIRE_VULKAN = os.environ.get("CANCELBENCH_REQUIRE_VULKAN") == "1"
@@ -152,7 +152,7 @@ def lavapipe_index(vulkan_site) -> int:
 
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory) -> Path:
-    from datasets.fixtures import TextFixtureSpec, write_text_fixture
+    from cancelbench.datasets.fixtures import TextFixtureSpec, write_text_fixture
 
     spec = TextFixtureSpec("tiny-backends-llama", "llama", n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
                            n_ff=128, n_ctx_train=512, seed=7)

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from datasets.locks import sha256_file
-from orchestrator.schema import empty_row
-from orchestrator.sink import RecordSink, write_json_atomic
+from cancelbench.datasets.locks import sha256_file
+from cancelbench.schema import empty_row
+from cancelbench.sink import RecordSink, write_json_atomic
 
 
 def cancelbench(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cancelbench.cli", *map(str, args)], capture_output=True,
                           text=True, timeout=300, cwd=cwd)
 
 

@@ -17,12 +17,12 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from device_agents.backends import which_wheel_variant
-from orchestrator import cluster as cl
-from orchestrator.clock import estimate_offset
-from orchestrator.config import DeviceSelector, OffsetSpec, SweepConfig, WorkloadSpec
-from orchestrator.runner import SweepInputError, run_sweep
-from orchestrator.sink import read_manifest, read_records
+from cancelbench.device_agents.backends import which_wheel_variant
+from cancelbench.orchestrator import cluster as cl
+from cancelbench.orchestrator.clock import estimate_offset
+from cancelbench.orchestrator.config import DeviceSelector, OffsetSpec, SweepConfig, WorkloadSpec
+from cancelbench.orchestrator.runner import SweepInputError, run_sweep
+from cancelbench.sink import read_manifest, read_records
 
 CPU_TEXT = WorkloadSpec(name="text-small", model="fixture:text-llama-57m", prompt_tokens=64, max_tokens=4,
                         n_batch=64, n_ubatch=64, chunk_tokens=16, backends=("cpu",))
@@ -86,7 +86,7 @@ def test_discovery_and_placement(ray_cluster):
 
 
 def test_agents_command_lists_devices(ray_cluster, capsys):
-    from orchestrator.cli import main
+    from cancelbench.orchestrator.cli import main
 
     main(["agents", "--backend", "cpu"])
     out = capsys.readouterr().out
@@ -234,7 +234,7 @@ max_tokens = 4
 n_batch = 64
 n_ubatch = 64
 """)
-    cmd = [sys.executable, "-m", "orchestrator.cli", "sweep", "--config", str(cfg_file), "--out", str(out),
+    cmd = [sys.executable, "-m", "cancelbench.cli", "sweep", "--config", str(cfg_file), "--out", str(out),
            "--address", ray_cluster.address, "--quiet", "--no-summary"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 180

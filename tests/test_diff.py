@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report_fixtures import cancel_row, cell_rows, write_dataset  # noqa: E402
 
-from reports.cli import main as reports_main  # noqa: E402
-from reports.diff import DiffInputError, DiffSpec, diff_to_markdown, run_diff  # noqa: E402
+from cancelbench.reports.cli import main as reports_main  # noqa: E402
+from cancelbench.reports.diff import DiffInputError, DiffSpec, diff_to_markdown, run_diff  # noqa: E402
 
 METAL = "darwin/arm64/metal/Apple M2"
 CPU = "linux/x86_64/cpu/AMD EPYC"

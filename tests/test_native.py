@@ -7,7 +7,7 @@ import time
 
 import llama_cpp
 
-import native
+from cancelbench import native
 
 
 def test_token_set_reset_and_first_seen():

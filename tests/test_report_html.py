@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report_fixtures import cancel_row, cell_rows, write_dataset  # noqa: E402
 
-from reports import build_report  # noqa: E402
-from reports.cli import main as reports_main  # noqa: E402
-from reports.html import to_html  # noqa: E402
-from reports.load import load_plot_samples  # noqa: E402
+from cancelbench.reports import build_report  # noqa: E402
+from cancelbench.reports.cli import main as reports_main  # noqa: E402
+from cancelbench.reports.html import to_html  # noqa: E402
+from cancelbench.reports.load import load_plot_samples  # noqa: E402
 
 HOSTILE = '<script>alert("pwn")</script>"><img src=x onerror=alert(1)>$\\frac{1}{0}$&amp;'
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")

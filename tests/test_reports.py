@@ -17,11 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report_fixtures import cancel_row, cell_rows, known_answer_rows, write_dataset  # noqa: E402
 
-from orchestrator.sink import DatasetError, records_dir  # noqa: E402
-from reports import Filters, ReportSpec, build_report, stats  # noqa: E402
-from reports.cli import add_diff_parser, add_report_parser  # noqa: E402
-from reports.format import report_dict, to_json, to_markdown, to_terminal  # noqa: E402
-from reports.tables import BoundSpec  # noqa: E402
+from cancelbench.sink import DatasetError, records_dir  # noqa: E402
+from cancelbench.reports import Filters, ReportSpec, build_report, stats  # noqa: E402
+from cancelbench.reports.cli import add_diff_parser, add_report_parser  # noqa: E402
+from cancelbench.reports.format import report_dict, to_json, to_markdown, to_terminal  # noqa: E402
+from cancelbench.reports.tables import BoundSpec  # noqa: E402
 
 
 def cli(argv: list[str]) -> int:
@@ -191,7 +191,7 @@ def test_multiple_dirs_and_pushed_down_filters(known, tmp_path):
 
 
 def test_only_needed_columns_are_read(known, monkeypatch):
-    import reports.load as load
+    import cancelbench.reports.load as load
 
     seen = []
     real = load.open_dataset

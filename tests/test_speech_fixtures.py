@@ -6,10 +6,10 @@ import llama_cpp
 import pytest
 from llama_cpp import mtmd_cpp as M
 
-from datasets import speech_fixtures as SF
-from datasets.locks import load_lock, verify_against
-from device_agents.engines import llama_runtime as rt
-from device_agents.engines import mtmd_ext as X
+from cancelbench.datasets import speech_fixtures as SF
+from cancelbench.datasets.locks import load_lock, verify_against
+from cancelbench.device_agents.engines import llama_runtime as rt
+from cancelbench.device_agents.engines import mtmd_ext as X
 
 
 def test_generation_is_byte_reproducible_and_matches_the_lock(tmp_path):
@@ -70,7 +70,7 @@ def test_real_model_lock_examples_are_well_formed_and_never_match(tmp_path):
 
 
 def test_fixture_hooks_used_by_the_cli_and_the_agent():
-    from datasets import fixtures as F
+    from cancelbench.datasets import fixtures as F
 
     assert SF.ensure_fixture("qwen3tts-fixture", "mmproj").name == SF.TTS_FIXTURE.mmproj_file
     assert SF.ensure_fixture("qwen3asr-fixture", "model").name == SF.ASR_FIXTURE.text_file

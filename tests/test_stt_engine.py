@@ -13,11 +13,11 @@ import threading
 import numpy as np
 import pytest
 
-import native
-from datasets import speech_fixtures as SF
-from device_agents.engines import mtmd_ext as X
-from device_agents.engines.base import CancelControl, EngineInputError, Progress
-from device_agents.engines.stt import SttEngine
+from cancelbench import native
+from cancelbench.datasets import speech_fixtures as SF
+from cancelbench.device_agents.engines import mtmd_ext as X
+from cancelbench.device_agents.engines.base import CancelControl, EngineInputError, Progress
+from cancelbench.device_agents.engines.stt import SttEngine
 
 from helpers import cancel_when
 

@@ -6,10 +6,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.config import OffsetSpec, SweepConfig, WorkloadSpec
-from orchestrator.runner import SweepInputError, run_sweep
-from orchestrator.schema import RECORD_SCHEMA, SCHEMA_VERSION
-from orchestrator.sink import RecordSink, open_dataset, read_manifest, read_records
+from cancelbench.orchestrator.config import OffsetSpec, SweepConfig, WorkloadSpec
+from cancelbench.orchestrator.runner import SweepInputError, run_sweep
+from cancelbench.schema import RECORD_SCHEMA, SCHEMA_VERSION
+from cancelbench.sink import RecordSink, open_dataset, read_manifest, read_records
 
 SMALL_TEXT = WorkloadSpec(name="text-small", model="fixture:text-llama-57m", prompt_tokens=64, max_tokens=4,
                           n_batch=64, n_ubatch=64, chunk_tokens=16)
@@ -69,7 +69,7 @@ def test_uniform_sweep_writes_the_documented_dataset(local_ray, tmp_path):
     for col in ("hostname", "cpu_model", "llama_cpp_python_version", "cancelbench_version", "model_sha256"):
         assert df[col].notna().all(), col
     # The end-of-sweep summary: one row per device x workload x mechanism x delivery.
-    from reports.summary import summary_section
+    from cancelbench.reports.summary import summary_section
     section = summary_section([out])
     assert len(section.rows) == 3 * 2
     assert {(r[2], r[3]) for r in section.rows} == {(m, d) for m in ("between_calls", "abort_callback", "chunked")

@@ -4,9 +4,9 @@ import statistics
 
 import pytest
 
-import native
-from device_agents.engines.base import CancelControl, EngineInputError, Progress
-from device_agents.engines.text import TextEngine
+from cancelbench import native
+from cancelbench.device_agents.engines.base import CancelControl, EngineInputError, Progress
+from cancelbench.device_agents.engines.text import TextEngine
 
 from helpers import cancel_when
 

@@ -15,10 +15,10 @@ import wave
 
 import pytest
 
-import native
-from datasets import speech_fixtures as SF
-from device_agents.engines.base import CancelControl, EngineInputError, Progress
-from device_agents.engines.tts import WINDOW_FRAMES, TtsEngine
+from cancelbench import native
+from cancelbench.datasets import speech_fixtures as SF
+from cancelbench.device_agents.engines.base import CancelControl, EngineInputError, Progress
+from cancelbench.device_agents.engines.tts import WINDOW_FRAMES, TtsEngine
 
 from helpers import cancel_when
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
-import native
+from cancelbench import native
 
 MECHANISMS = ("between_calls", "abort_callback", "chunked", "graph_eval")
 

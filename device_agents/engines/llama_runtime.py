@@ -9,7 +9,7 @@ from pathlib import Path
 
 import llama_cpp
 
-import native
+from cancelbench import native
 
 from .base import EngineInputError
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import llama_cpp
 from llama_cpp import mtmd_cpp as M
 
-import native
+from cancelbench import native
 
 from .base import CancelControl, EngineInputError
 
@@ -278,7 +278,7 @@ def verify_locked(workload: dict, paths: dict[str, Path]) -> dict[str, str]:
     Returns {role: sha256}. A mismatch, a missing entry or a missing lock file is an
     :class:`EngineInputError` (exit 2 at the CLI), raised before anything is loaded.
     """
-    from datasets.locks import LockError, verify_against
+    from cancelbench.datasets.locks import LockError, verify_against
 
     lock = workload.get("lock")
     if not lock:

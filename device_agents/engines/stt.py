@@ -34,7 +34,7 @@ from pathlib import Path
 import llama_cpp
 from llama_cpp import mtmd_cpp as M
 
-import native
+from cancelbench import native
 
 from . import llama_runtime as rt
 from . import mtmd_ext as X

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import llama_cpp
 
-import native
+from cancelbench import native
 
 from . import llama_runtime as rt
 from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, sha256_of

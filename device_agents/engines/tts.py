@@ -49,7 +49,7 @@ import numpy as np
 import llama_cpp
 from llama_cpp import mtmd_cpp as M
 
-import native
+from cancelbench import native
 
 from . import llama_runtime as rt
 from . import mtmd_ext as X

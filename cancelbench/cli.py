@@ -24,11 +24,11 @@ def _fail(message: str) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from datasets.locks import LockError
+    from cancelbench.datasets.locks import LockError
 
-    from .config import ConfigError, load_config
-    from .runner import SweepInputError, run_sweep
-    from .sink import DatasetError
+    from cancelbench.orchestrator.config import ConfigError, load_config
+    from cancelbench.orchestrator.runner import SweepInputError, run_sweep
+    from cancelbench.sink import DatasetError
 
     try:
         config = load_config(args.config)
@@ -48,11 +48,11 @@ def cmd_sweep(args) -> int:
           f"({', '.join(f'{k} {v}' for k, v in sorted(result.outcomes.items()))})"
           + (f"; {len(result.not_run)} not run" if result.not_run else ""))
     if not args.no_summary:
-        from reports import build_report
-        from reports.format import to_terminal
-        from reports.html import to_html
-        from reports.load import load_plot_samples
-        from reports.summary import summary_text
+        from cancelbench.reports import build_report
+        from cancelbench.reports.format import to_terminal
+        from cancelbench.reports.html import to_html
+        from cancelbench.reports.load import load_plot_samples
+        from cancelbench.reports.summary import summary_text
 
         print(summary_text([result.out_dir]))
         report = build_report([result.out_dir])
@@ -65,7 +65,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_fixtures(args) -> int:
-    from datasets.fixtures import generate_all
+    from cancelbench.datasets.fixtures import generate_all
 
     for path in generate_all(Path(args.out) if args.out else None, which=args.which):
         print(path)
@@ -73,7 +73,7 @@ def cmd_fixtures(args) -> int:
 
 
 def cmd_lock(args) -> int:
-    from datasets.locks import write_lock
+    from cancelbench.datasets.locks import write_lock
 
     files = {Path(p).name: Path(p) for p in args.files}
     missing = [str(p) for p in files.values() if not p.is_file()]
@@ -110,11 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", default="", help="where the files came from (URL, release)")
     p.set_defaults(func=cmd_lock)
 
-    from reports.cli import add_diff_parser, add_report_parser
+    from cancelbench.reports.cli import add_diff_parser, add_report_parser
     add_report_parser(sub)
     add_diff_parser(sub)
 
-    from .agents_cmd import add_agents_parser
+    from cancelbench.orchestrator.agents_cmd import add_agents_parser
     add_agents_parser(sub)
     return parser
 
