@@ -134,7 +134,7 @@ def harness_overhead(model: str, n: int) -> dict:
         row = ray.get(agent.run_trial.remote({"trial_id": f"oh{i}", "input": PROMPT, "mechanism": "between_calls",
                                               "delivery": "none"}))
         wall = (time.monotonic_ns() - t0) / 1e6
-        dur = (row["t_terminal_ns"] - row["t_handback_ns"]) / 1e6
+        dur = (row.t_terminal_ns - row.t_handback_ns) / 1e6
         walls.append(wall)
         ratios.append((wall - dur) / dur)
     ray.kill(agent)

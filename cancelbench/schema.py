@@ -18,6 +18,8 @@ Absent values are nulls: a trial that never received a cancel has no
 
 from __future__ import annotations
 
+import dataclasses
+
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
@@ -25,9 +27,9 @@ SCHEMA_VERSION = 1
 # Partition columns of the hive-partitioned dataset (values sanitized for paths).
 PARTITION_COLUMNS = ("backend", "host")
 
+# What an engine reports, then what the record says after classification.
+ENGINE_OUTCOMES = ("cancelled", "completed", "error")
 OUTCOMES = ("cancelled", "completed", "dropped", "error", "lost", "not_run")
-TRIAL_KINDS = ("reference", "cancel")
-MECHANISMS = ("between_calls", "abort_callback", "chunked", "graph_eval")
 DELIVERIES = ("driver", "agent")
 
 _FIELDS: list[tuple[str, pa.DataType, str]] = [
@@ -123,7 +125,6 @@ RECORD_SCHEMA = pa.schema(
     metadata={"cancelbench_schema_version": str(SCHEMA_VERSION)},
 )
 COLUMNS = tuple(name for name, _, _ in _FIELDS)
-COLUMN_DOCS = {name: doc for name, _, doc in _FIELDS}
 FILE_SCHEMA = pa.schema([f for f in RECORD_SCHEMA if f.name not in PARTITION_COLUMNS],
                         metadata=RECORD_SCHEMA.metadata)
 
@@ -155,5 +156,72 @@ def derive(row: dict) -> dict:
     return row
 
 
+_PY_TYPES = {pa.int32(): int, pa.int64(): int, pa.float64(): float, pa.string(): str}
+
+# The one typed record, generated from the column list above so the two cannot drift.
+# Every field defaults to None (a null column); unknown names are a TypeError.
+TrialRecord = dataclasses.make_dataclass(
+    "TrialRecord",
+    [(name, _PY_TYPES[typ] | None, dataclasses.field(default=None)) for name, typ, _ in _FIELDS],
+    slots=True,
+)
+TrialRecord.__module__ = __name__  # so Ray can ship agent halves by reference
+TrialRecord.__doc__ = "One trial, one flat row: see the column list in cancelbench.schema."
+
+# The columns the agent fills (its half of the record); the driver fills the rest.
+AGENT_COLUMNS = frozenset({
+    "trial_id", "hostname", "node_id", "device", "device_name", "platform", "arch", "cpu_model", "n_threads",
+    "llama_cpp_python_version", "llama_cpp_build", "cancelbench_version", "backend", "model_sha256",
+    "phase_at_receipt", "native_call_at_receipt", "input_tokens_done_at_receipt", "tokens_generated_at_receipt",
+    "frames_generated_at_receipt", "heavy_graph_at_receipt", "phase_at_terminal",
+    "t_handback_ns", "t_start_ns", "t_cancel_scheduled_ns", "t_issued_ns", "t_received_ns",
+    "t_native_observed_ns", "t_native_returned_ns", "t_terminal_ns",
+    "outcome", "decode_rc", "abort_polls", "output_sha256", "n_input_tokens", "known_answer_error_ms",
+    "phase_durations_json", "phase_timeline_json", "error",
+})
+
+
+def agent_half(**columns) -> TrialRecord:
+    """The agent's part of a record; a column the agent does not own is a bug."""
+    foreign = set(columns) - AGENT_COLUMNS
+    if foreign:
+        raise ValueError(f"not agent columns: {', '.join(sorted(foreign))}")
+    return TrialRecord(**columns)
+
+
+def merge(base: TrialRecord, half: TrialRecord) -> TrialRecord:
+    """The driver's record with the agent's non-null columns laid over it."""
+    return dataclasses.replace(base, **{k: v for k, v in as_row(half).items() if v is not None})
+
+
+def classify_outcome(engine_outcome: str | None, t_received_ns: int | None, t_terminal_ns: int | None) -> str:
+    """The one outcome rule, used for every record.
+
+    An engine that ran to completion although the agent had received the
+    cancel before the engine's terminal state dropped it: a defect, whatever
+    path the cancel took (latched before the start, or delivered while
+    running). Everything else is what the engine (or the agent) reported.
+    """
+    if engine_outcome not in OUTCOMES:
+        raise ValueError(f"unknown outcome {engine_outcome!r}")
+    if (engine_outcome == "completed" and t_received_ns is not None and t_terminal_ns is not None
+            and t_received_ns <= t_terminal_ns):
+        return "dropped"
+    return engine_outcome
+
+
+def as_row(record: TrialRecord) -> dict:
+    return {name: getattr(record, name) for name in COLUMNS}
+
+
+def finalize(record: TrialRecord) -> dict:
+    """Classify the outcome and derive every ``*_ms`` column: the row the sink writes."""
+    row = as_row(record)
+    row["schema_version"] = SCHEMA_VERSION
+    row["outcome"] = classify_outcome(row["outcome"], row["t_received_ns"], row["t_terminal_ns"])
+    return derive(row)
+
+
 def empty_row() -> dict:
-    return {name: None for name in COLUMNS} | {"schema_version": SCHEMA_VERSION}
+    """A row with every column null (test and fixture builders start from it)."""
+    return as_row(TrialRecord(schema_version=SCHEMA_VERSION))

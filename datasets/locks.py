@@ -53,15 +53,24 @@ def load_lock(lock_path: Path) -> dict[str, FileLock]:
 _verified: dict[tuple[str, int, int], str] = {}
 
 
-def verify_file(path: Path, lock: FileLock) -> str:
-    """Check size then sha256 of ``path`` against ``lock``; returns the sha256."""
+def check_size(path: Path, lock: FileLock) -> os.stat_result:
+    """The cheap half of :func:`verify_file` (exists, size), for a check before Ray starts."""
     path = Path(path)
+    if path.is_dir():
+        raise LockError(f"model path is a directory, not a file: {path}")
     if not path.is_file():
         raise LockError(f"model file not found: {path}")
     st = path.stat()
     if st.st_size != lock.size:
         raise LockError(f"{path}: size {st.st_size} does not match lock {lock.size} "
                         f"(truncated or a different file; lock sha256 {lock.sha256[:12]}…)")
+    return st
+
+
+def verify_file(path: Path, lock: FileLock) -> str:
+    """Check size then sha256 of ``path`` against ``lock``; returns the sha256."""
+    path = Path(path)
+    st = check_size(path, lock)
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     digest = _verified.get(key) or sha256_file(path)
     if digest != lock.sha256:

@@ -17,6 +17,7 @@ from pathlib import Path
 import ray
 
 from cancelbench import native
+from cancelbench.schema import TrialRecord, agent_half
 
 from .engines.base import CancelControl, EngineInputError, Progress
 from .probe import probe_host
@@ -58,6 +59,7 @@ class DeviceAgent:
         self._finished: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._engine = None
         self._engine_key: str | None = None
+        self._model_sha256: str | None = None
 
     @staticmethod
     def _probe_devices() -> list[dict]:
@@ -106,75 +108,52 @@ class DeviceAgent:
     # -- trial group -------------------------------------------------------
     @ray.method(concurrency_group=TRIAL)
     def load(self, workload: dict) -> dict:
-        """Load the workload's engine once; later trials of the workload reuse it."""
+        """Load the workload's engine once; later trials of the workload reuse it.
+
+        Model files are verified against their locks here, once, before
+        llama.cpp sees them; the engine gets the verified paths.
+        """
         workload = dict(workload)
         if workload.get("n_gpu_layers") is None:  # device default: all layers on a GPU, none on CPU
             workload["n_gpu_layers"] = 0 if self.device_id.startswith("cpu") else 999
         key = json.dumps(workload, sort_keys=True, default=str)
         if key != self._engine_key:
-            from .engines.text import make_engine
+            from .engines.registry import engine_spec
             from .models import resolve_models
 
             if self._engine is not None:
                 self._engine.close()
-                self._engine, self._engine_key = None, None
+                self._engine, self._engine_key, self._model_sha256 = None, None, None
             t0 = native.now_ns()
-            self._engine = make_engine(resolve_models(workload))
+            verified = resolve_models(workload)
+            self._engine = engine_spec(workload.get("engine", "text")).make(verified)
             self._engine_key = key
-            return {"loaded": True, "load_ms": (native.now_ns() - t0) / 1e6, **self._engine.describe()}
-        return {"loaded": False, **self._engine.describe()}
+            self._model_sha256 = verified.get("model_sha256")
+            return {"loaded": True, "load_ms": (native.now_ns() - t0) / 1e6, **self._describe()}
+        return {"loaded": False, **self._describe()}
+
+    def _describe(self) -> dict:
+        return {**self._engine.describe(), "model_sha256": self._model_sha256}
 
     @ray.method(concurrency_group=TRIAL)
-    def run_trial(self, spec: dict) -> dict:
+    def run_trial(self, spec: dict) -> TrialRecord:
         """Run one trial. ``spec``: trial_id, input, input_id, mechanism, delivery,
-        offset_ms (agent delivery), seed. Returns the agent half of the record."""
+        offset_ms (agent delivery), seed. Returns the agent's half of the record
+        (the driver merges it with its own and classifies the outcome)."""
         t_handback = native.now_ns()
         trial_id = spec["trial_id"]
         spec = _resolve_input(spec)
-        progress = Progress()
-        ctl = CancelControl(self.token, progress)
+        ctl = CancelControl(self.token, Progress())
         with self._lock:
             self.token.reset()
             self._current = (trial_id, ctl)
             latched_ns = self._latched.pop(trial_id, None)
         if latched_ns is not None:
             ctl.request(latched_ns)
-        timer = None
-        scheduled = {}
-        if spec.get("delivery") == "agent" and spec.get("offset_ms") is not None:
-            deadline = t_handback + int(float(spec["offset_ms"]) * 1e6)
-            scheduled["t_cancel_scheduled_ns"] = deadline
-
-            def fire() -> None:
-                _sleep_until(deadline)
-                issued = native.now_ns()
-                scheduled["t_issued_ns"] = issued
-                self._deliver(trial_id, issued)
-
-            timer = threading.Thread(target=fire, name=f"cancel-timer-{trial_id}", daemon=True)
-            timer.start()
-        row: dict = {"trial_id": trial_id, "t_handback_ns": t_handback, **self._meta_columns()}
+        scheduled: dict = {}
+        timer = self._start_agent_timer(trial_id, t_handback, spec, scheduled)
         try:
-            if self._engine is None:
-                raise EngineInputError("no workload loaded on this agent (call load() first)")
-            result = self._engine.run(spec, ctl)
-            outcome = result.outcome
-            if outcome == "completed" and ctl.received_ns is not None and ctl.received_ns <= result.t_terminal_ns:
-                outcome = "dropped"  # received while running, yet ran to completion: a defect
-            row.update(
-                outcome=outcome, t_start_ns=result.t_start_ns, t_terminal_ns=result.t_terminal_ns,
-                phase_at_terminal=result.phase_at_terminal, decode_rc=result.decode_rc,
-                output_sha256=result.output_sha256, n_input_tokens=result.n_input_tokens,
-                phase_durations_json=json.dumps(result.phase_durations_ms, sort_keys=True),
-                phase_timeline_json=json.dumps([list(seg) for seg in result.phase_segments]),
-            )
-            if isinstance(result.output, dict) and "known_answer_error_ms" in result.output:
-                row["known_answer_error_ms"] = result.output["known_answer_error_ms"]
-        except Exception as exc:  # the record says what failed; the agent stays usable
-            row.update(outcome="error", t_terminal_ns=native.now_ns(),
-                       error=f"{type(exc).__name__}: {exc}"[:2000])
-            if not isinstance(exc, EngineInputError):
-                row["error"] += " | " + traceback.format_exc(limit=3)[-1000:]
+            columns = self._run_engine(spec, ctl)
         finally:
             with self._lock:
                 self._current = None
@@ -183,17 +162,55 @@ class DeviceAgent:
                     self._finished.popitem(last=False)
         if timer is not None:
             timer.join(timeout=0)  # a timer still sleeping fires later into "finished"
-        row.update(scheduled)
+        columns.update(scheduled)
         if ctl.received_ns is not None:
-            row["t_received_ns"] = ctl.received_ns
-            row.update(ctl.at_receipt)
-            row["t_native_returned_ns"] = ctl.native_returned_ns
-            seen = ctl.token.seen_ns  # the token the engine actually armed
-            row["t_native_observed_ns"] = seen or None
-        row["abort_polls"] = ctl.token.polls
-        return row
+            columns.update(ctl.at_receipt, t_received_ns=ctl.received_ns,
+                           t_native_returned_ns=ctl.native_returned_ns,
+                           t_native_observed_ns=ctl.token.seen_ns or None)  # the token the engine armed
+        return agent_half(trial_id=trial_id, t_handback_ns=t_handback, abort_polls=ctl.token.polls,
+                          model_sha256=self._model_sha256, **self._meta_columns(), **columns)
+
+    def _start_agent_timer(self, trial_id: str, t_handback: int, spec: dict, scheduled: dict):
+        """Delivery ``agent``: fire the cancel from this process at hand-back + offset."""
+        if spec.get("delivery") != "agent" or spec.get("offset_ms") is None:
+            return None
+        deadline = t_handback + int(float(spec["offset_ms"]) * 1e6)
+        scheduled["t_cancel_scheduled_ns"] = deadline
+
+        def fire() -> None:
+            _sleep_until(deadline)
+            issued = native.now_ns()
+            scheduled["t_issued_ns"] = issued
+            self._deliver(trial_id, issued)
+
+        timer = threading.Thread(target=fire, name=f"cancel-timer-{trial_id}", daemon=True)
+        timer.start()
+        return timer
+
+    def _run_engine(self, spec: dict, ctl: CancelControl) -> dict:
+        """The engine's result as record columns; an exception becomes an ``error`` record."""
+        try:
+            if self._engine is None:
+                raise EngineInputError("no workload loaded on this agent (call load() first)")
+            result = self._engine.run(spec, ctl)
+        except Exception as exc:  # the record says what failed; the agent stays usable
+            error = f"{type(exc).__name__}: {exc}"[:2000]
+            if not isinstance(exc, EngineInputError):
+                error += " | " + traceback.format_exc(limit=3)[-1000:]
+            return {"outcome": "error", "t_terminal_ns": native.now_ns(), "error": error}
+        columns = dict(
+            outcome=result.outcome, t_start_ns=result.t_start_ns, t_terminal_ns=result.t_terminal_ns,
+            phase_at_terminal=result.phase_at_terminal, decode_rc=result.decode_rc,
+            output_sha256=result.output_sha256, n_input_tokens=result.n_input_tokens,
+            phase_durations_json=json.dumps(result.phase_durations_ms, sort_keys=True),
+            phase_timeline_json=json.dumps([list(seg) for seg in result.phase_segments]),
+        )
+        if isinstance(result.output, dict) and "known_answer_error_ms" in result.output:
+            columns["known_answer_error_ms"] = result.output["known_answer_error_ms"]
+        return columns
 
     def _meta_columns(self) -> dict:
+        """Host and build metadata, collected once at start, carried on every record."""
         m = self.meta
         return {k: m.get(k) for k in ("hostname", "node_id", "device", "device_name", "platform", "arch",
                                       "cpu_model", "n_threads", "llama_cpp_python_version", "llama_cpp_build",
@@ -210,7 +227,7 @@ def _resolve_input(spec: dict) -> dict:
     """Corpus audio paths are relative to the datasets package on the agent's host."""
     wav = spec.get("wav")
     if wav:
-        from cancelbench.datasets.fixtures import DATASETS_DIR
+        from cancelbench.datasets.paths import DATASETS_DIR
         path = Path(wav)
         spec = {**spec, "input": str(path if path.is_absolute() else DATASETS_DIR / path)}
     return spec

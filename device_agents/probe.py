@@ -7,15 +7,9 @@ import platform
 import socket
 from functools import lru_cache
 
-from .backends import cpu_model
+from cancelbench import __version__ as cancelbench_version
 
-
-def cancelbench_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("cancelbench")
-    except PackageNotFoundError:
-        return "0+unknown"
+from .ggml_devices import cpu_model, llama_cpp_build_info
 
 
 @lru_cache(maxsize=1)
@@ -24,8 +18,7 @@ def llama_versions() -> tuple[str, str]:
     import llama_cpp
     build = "unknown"
     try:
-        from . import backends
-        build = backends.llama_cpp_build_info()
+        build = llama_cpp_build_info()
     except Exception:  # backends probe is optional metadata; never fail a trial on it
         pass
     return llama_cpp.__version__, build
@@ -45,6 +38,6 @@ def probe_host(device_id: str = "cpu:0", device_name: str | None = None, n_threa
         "n_threads": n_threads or os.cpu_count() or 1,
         "llama_cpp_python_version": lcp,
         "llama_cpp_build": build,
-        "cancelbench_version": cancelbench_version(),
+        "cancelbench_version": cancelbench_version,
         "pid": os.getpid(),
     }

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cancelbench.datasets.paths import DATASETS_DIR
-from cancelbench.schema import DELIVERIES, MECHANISMS
+from cancelbench.device_agents.engines.registry import ENGINES, MECHANISMS
+from cancelbench.schema import DELIVERIES
 
-ENGINES = ("text", "tts", "stt", "probe")
 OFFSET_PLANS = ("immediate", "uniform", "fixed", "phase")
 BACKENDS = ("cpu", "vulkan", "metal", "cuda")
 CORPORA_DIR = DATASETS_DIR / "corpora"
@@ -223,7 +223,13 @@ def parse_config(data: dict) -> SweepConfig:
     names = [w.name for w in workloads]
     if len(set(names)) != len(names):
         raise ConfigError(f"workload names must be unique, got {names}")
-    return SweepConfig(offsets=offsets, devices=devices, workloads=workloads, **kw)
+    config = SweepConfig(offsets=offsets, devices=devices, workloads=workloads, **kw)
+    for wl in config.workloads:  # before any trial: a cell the engine cannot run is a config error
+        lacking = [m for m in config.mechanisms if m not in ENGINES[wl.engine].mechanisms]
+        if lacking:
+            raise ConfigError(f"workload {wl.name}: the {wl.engine} engine has no mechanism(s) "
+                              f"{', '.join(lacking)} (has: {', '.join(ENGINES[wl.engine].mechanisms)})")
+    return config
 
 
 def load_config(path: Path | None) -> SweepConfig:

@@ -18,14 +18,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .config import SweepConfig
+from cancelbench.device_agents.engines.registry import ENGINES
 
-ENGINE_PHASES = {
-    "text": ("prefill", "generate"),
-    "tts": ("set_input", "prompt", "generate", "code2wav", "output"),
-    "stt": ("encode", "decode_embd", "generate"),
-    "probe": ("busy",),
-}
+from .config import SweepConfig
 
 
 @dataclass(frozen=True)
@@ -74,7 +69,7 @@ def build_plan(config: SweepConfig, devices: list[str], inputs: dict[str, list[s
             refs: list[TrialSpec] = []
             cancels: list[TrialSpec] = []
             ids = inputs[wl.name]
-            phases = ENGINE_PHASES[wl.engine]
+            phases = ENGINES[wl.engine].phases
             for mech in config.mechanisms:
                 rin = _stream(in_seed, device, wl.name, mech, "reference")
                 for r in range(config.reference_runs):

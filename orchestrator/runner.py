@@ -7,11 +7,11 @@ functions in plan.py and schema.py.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import json
 import os
 import platform
-import statistics
 import threading
 import time
 import uuid
@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
-from cancelbench.datasets.locks import LockError, load_lock, verify_file
+from cancelbench.datasets.locks import LockError, check_size, load_lock
 
 from cancelbench import sink as sinks
 
@@ -30,7 +30,10 @@ from . import cluster
 from .clock import ClockOffset, driver_now_ns, estimate_offset
 from .config import SweepConfig, WorkloadSpec, load_inputs
 from .plan import ReferenceTimeline, TrialSpec, build_plan, resolve_offset_ms
-from cancelbench.schema import SCHEMA_VERSION, derive, empty_row
+from cancelbench.schema import SCHEMA_VERSION, TrialRecord, finalize, merge
+
+
+OFFSET_REFRESH_S = 30.0  # re-ping an agent before a trial when its offset estimate is older
 
 
 class SweepInputError(ValueError):
@@ -65,8 +68,9 @@ def _unwrap(exc: BaseException) -> str:
 def workload_payload(wl: WorkloadSpec, driver_sees_files: bool = False) -> dict:
     """Engine parameters plus the lock entries the agent verifies before loading.
 
-    With ``driver_sees_files`` (a local cluster) model files are verified here,
-    before Ray starts; on a remote cluster each agent verifies its own copy.
+    The sha256 is verified once, on the agent, before load. With
+    ``driver_sees_files`` (a local cluster) the driver checks existence and
+    size here, so a missing or truncated file fails before Ray starts.
     """
     payload = wl.engine_params()
     locks: dict = {}
@@ -86,7 +90,7 @@ def workload_payload(wl: WorkloadSpec, driver_sees_files: bool = False) -> dict:
         if path.name not in entries:
             raise SweepInputError(f"workload {wl.name}: lock {wl.lock} has no entry for {path.name}")
         if path.exists() or driver_sees_files:
-            verify_file(path, entries[path.name])
+            check_size(path, entries[path.name])
         e = entries[path.name]
         locks[path.name] = {"size": e.size, "sha256": e.sha256, "source": e.source}
     payload["locks"] = locks
@@ -97,13 +101,15 @@ def workload_payload(wl: WorkloadSpec, driver_sees_files: bool = False) -> dict:
 
 
 def _reference_timeline(rows: list[dict]) -> ReferenceTimeline | None:
+    """The median uncancelled run: its duration and its phase timeline come from
+    the same run (the lower median, a real run, for an even count)."""
     done = [r for r in rows if r.get("outcome") == "completed" and r.get("duration_ms") is not None]
     if not done:
         return None
     done.sort(key=lambda r: r["duration_ms"])
-    median = done[len(done) // 2]
+    median = done[(len(done) - 1) // 2]
     segs = tuple(tuple(s) for s in json.loads(median.get("phase_timeline_json") or "[]"))
-    return ReferenceTimeline(duration_ms=statistics.median(r["duration_ms"] for r in done), segments=segs)
+    return ReferenceTimeline(duration_ms=median["duration_ms"], segments=segs)
 
 
 def _sleep_until_driver(deadline_ns: int) -> None:
@@ -310,6 +316,7 @@ class _DeviceRun:
                  prior_refs, record) -> None:
         self.sweep, self.key, self.slot, self.agent = sweep, key, slot, agent
         self.trials, self.inputs, self.payloads, self.offset = trials, inputs, payloads, offset
+        self.offset_at_ns = driver_now_ns()
         self.sweep_id, self.record = sweep_id, record
         self.refs: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
         for r in prior_refs:
@@ -359,18 +366,16 @@ class _DeviceRun:
                 time.sleep(0.5)
         return False
 
-    def _base_row(self, trial: TrialSpec) -> dict:
+    def _base_record(self, trial: TrialSpec) -> TrialRecord:
+        """The driver's half of the record: identity, plan and workload settings."""
         wl = next(w for w in self.config.workloads if w.name == trial.workload)
-        payload = self.payloads[trial.workload]
         info = self.loaded or {}
-        model = Path(wl.model).name if wl.engine != "probe" else "probe"
-        lock = next(iter(payload.get("locks", {}).values()), {}) if wl.engine != "probe" else {}
-        row = empty_row()
-        row.update(
+        model = Path(wl.model).name.replace("fixture:", "") if wl.engine != "probe" else "probe"
+        return TrialRecord(
             sweep_id=self.sweep_id, trial_id=trial.trial_id, trial_index=trial.trial_index,
             trial_kind=trial.trial_kind, seed=self.config.seed, input_seed=trial.input_seed,
-            offset_seed=trial.offset_seed, workload=trial.workload, engine=wl.engine,
-            model=model.replace("fixture:", ""), model_sha256=lock.get("sha256"),
+            offset_seed=trial.offset_seed, workload=trial.workload, engine=wl.engine, model=model,
+            model_sha256=info.get("model_sha256"),
             n_ctx=info.get("n_ctx"), n_batch=info.get("n_batch", wl.n_batch), n_ubatch=info.get("n_ubatch", wl.n_ubatch),
             chunk_tokens=info.get("chunk_tokens", wl.chunk_tokens), max_tokens=info.get("max_tokens", wl.max_tokens),
             n_gpu_layers=info.get("n_gpu_layers", wl.n_gpu_layers), input_id=trial.input_id,
@@ -379,10 +384,9 @@ class _DeviceRun:
             clock_offset_ns=self.offset.offset_ns, clock_uncertainty_ns=self.offset.uncertainty_ns,
             host=self.slot.host, backend=self.slot.backend, device=self.slot.device_id,
         )
-        return row
 
-    def _run_trial(self, trial: TrialSpec) -> dict:
-        row = self._base_row(trial)
+    def _trial_spec(self, trial: TrialSpec) -> dict:
+        """What the agent needs to run the trial (inputs resolved from the corpus)."""
         item = self.inputs[trial.workload][trial.input_id]
         spec = {"trial_id": trial.trial_id, "input_id": trial.input_id, "mechanism": trial.mechanism,
                 "delivery": trial.delivery, "seed": self.config.seed, "input": item.get("text", ""),
@@ -390,6 +394,12 @@ class _DeviceRun:
         if trial.trial_kind == "reference" and self.engine_of(trial.workload) == "tts":
             # An uncancelled synthesis is kept so a person can listen to it.
             spec["wav_out"] = str((self.sweep.out_dir / "audio" / f"{trial.trial_id}.wav").resolve())
+        return spec
+
+    def _run_trial(self, trial: TrialSpec) -> dict:
+        self._refresh_offset()
+        base = self._base_record(trial)
+        spec = self._trial_spec(trial)
         ref_key = (trial.workload, trial.mechanism)
         target_ms = None
         if trial.trial_kind == "cancel":
@@ -397,16 +407,15 @@ class _DeviceRun:
             try:
                 target_ms = resolve_offset_ms(trial, timeline)
             except ValueError as exc:
-                row.update(outcome="error", error=str(exc))
-                return derive(row)
-            row["offset_target_ms"] = target_ms
-            row["reference_ms"] = timeline.duration_ms if timeline else None
+                return finalize(dataclasses.replace(base, outcome="error", error=str(exc)))
+            base.offset_target_ms = target_ms
+            base.reference_ms = timeline.duration_ms if timeline else None
             if trial.delivery == "agent":
                 spec["offset_ms"] = target_ms
         issue: dict = {}
+        cancel_ref = None
         t_sub = driver_now_ns()
         ref = self.agent.run_trial.remote(spec)
-        cancel_ref = None
         if trial.trial_kind == "cancel" and trial.delivery == "driver":
             scheduled = t_sub + int(target_ms * 1e6)
             _sleep_until_driver(scheduled)
@@ -414,33 +423,39 @@ class _DeviceRun:
             cancel_ref = self.agent.cancel.remote(trial.trial_id)
             issue = {"t_issued_driver_ns": issued, "t_issued_ns": self.offset.to_agent(issued),
                      "t_cancel_scheduled_ns": self.offset.to_agent(scheduled)}
-        self.last_phase = None
-        while not ray.wait([ref], timeout=0.5)[0]:
-            # Long trial: note its phase, so a trial lost to an agent death says where it died.
-            try:
-                self.last_phase = ray.get(self.agent.status.remote(), timeout=2).get("phase")
-            except Exception:
-                break
-        agent_row = ray.get(ref)
-        reply = ray.get(cancel_ref) if cancel_ref is not None else None
-        row.update({k: v for k, v in agent_row.items() if v is not None or k not in row})
-        row.update(issue)
-        if reply is not None and row["outcome"] == "completed" and reply["state"] != "finished":
-            # The agent took the cancel while the trial was pending or running, yet
-            # the engine ran to completion: the cancel was dropped on the way.
-            row["outcome"] = "dropped"
+        self._watch(ref)
+        record = dataclasses.replace(merge(base, ray.get(ref)), **issue)
+        if cancel_ref is not None:
+            ray.get(cancel_ref)  # the hop is finished before the next trial; its effect is t_received_ns
         if trial.delivery == "agent":
-            row["clock_uncertainty_ns"] = 0  # issued on the agent's own clock
-        derive(row)
+            record.clock_uncertainty_ns = 0  # issued on the agent's own clock
+        row = finalize(record)
         if trial.trial_kind == "reference":
             self.refs[ref_key].append(row)
         return row
 
+    def _watch(self, ref) -> None:
+        """Wait for a trial; note its phase meanwhile, so a trial lost to an agent
+        death says where it died. No timeout: field-scale trials run for minutes."""
+        self.last_phase = None
+        while not ray.wait([ref], timeout=0.5)[0]:
+            try:
+                self.last_phase = ray.get(self.agent.status.remote(), timeout=5).get("phase")
+            except Exception:
+                return
+
+    def _refresh_offset(self) -> None:
+        """Re-estimate the clock offset when the last estimate is older than
+        OFFSET_REFRESH_S: host clocks drift apart by tens of µs per second, which
+        over a sweep of long trials would bias every driver-side timestamp."""
+        if driver_now_ns() - self.offset_at_ns < OFFSET_REFRESH_S * 1e9:
+            return
+        self.offset = estimate_offset(lambda: ray.get(self.agent.ping.remote()), max(5, self.config.ping_samples // 4))
+        self.offset_at_ns = driver_now_ns()
+
     def _lost_row(self, trial: TrialSpec, exc: BaseException) -> dict:
-        row = self._base_row(trial)
-        row.update(outcome="lost", phase_at_terminal=self.last_phase,
-                   error=f"agent died during the trial: {_unwrap(exc)}"[:2000])
-        return derive(row)
+        return finalize(dataclasses.replace(self._base_record(trial), outcome="lost", phase_at_terminal=self.last_phase,
+                                            error=f"agent died during the trial: {_unwrap(exc)}"[:2000]))
 
 
 def run_sweep(config: SweepConfig, out_dir: Path, **kwargs) -> SweepResult:

@@ -34,7 +34,7 @@ def clip():
 
 def _workload(paths, **kw):
     wl = {"name": "stt-fixture", "engine": "stt", "model": str(paths["model"]), "mmproj": str(paths["mmproj"]),
-          "n_threads": 1, "n_batch": 256, "chunk_tokens": 8, "max_tokens": 12, "lock": str(SF.SPEECH_LOCK)}
+          "n_threads": 1, "n_batch": 256, "chunk_tokens": 8, "max_tokens": 12}
     wl.update(kw)
     return wl
 
@@ -229,13 +229,15 @@ def test_mmproj_of_the_wrong_projector_type(asr_paths):
         SttEngine(_workload(asr_paths, mmproj=str(tts["mmproj"])))
 
 
-def test_lock_mismatch(asr_paths, tmp_path):
-    lock = json.loads(SF.SPEECH_LOCK.read_text())
-    lock["files"][asr_paths["model"].name]["size"] += 1
-    bad = tmp_path / "bad-lock.json"
-    bad.write_text(json.dumps(lock))
-    with pytest.raises(EngineInputError, match="lock check failed for the model"):
-        SttEngine(_workload(asr_paths, lock=str(bad)))
+def test_size_mismatch_is_caught_on_the_agent_before_load(asr_paths):
+    from cancelbench.datasets.locks import LockError
+    from cancelbench.device_agents.models import resolve_models
+
+    locks = json.loads(SF.SPEECH_LOCK.read_text())["files"]
+    name = asr_paths["model"].name
+    bad = {**locks, name: {**locks[name], "size": locks[name]["size"] + 1}}
+    with pytest.raises(LockError, match="does not match lock"):
+        resolve_models({**_workload(asr_paths), "locks": bad})
 
 
 def test_agent_style_shared_token_is_polled_by_clip_directly(asr_paths, clip):

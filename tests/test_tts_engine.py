@@ -33,8 +33,7 @@ def tts_paths():
 
 def _workload(paths, **kw):
     wl = {"name": "tts-fixture", "engine": "tts", "model": str(paths["model"]), "mmproj": str(paths["mmproj"]),
-          "n_threads": 1, "n_batch": 16, "chunk_tokens": 4, "max_frames": FRAMES,
-          "lock": str(SF.SPEECH_LOCK)}
+          "n_threads": 1, "n_batch": 16, "chunk_tokens": 4, "max_frames": FRAMES}
     wl.update(kw)
     return wl
 
@@ -235,13 +234,17 @@ def test_mmproj_of_the_wrong_projector_type(tts_paths):
         TtsEngine(_workload(tts_paths, mmproj=str(asr["mmproj"])))
 
 
-def test_lock_mismatch(tts_paths, tmp_path):
-    lock = json.loads(SF.SPEECH_LOCK.read_text())
-    lock["files"][tts_paths["mmproj"].name]["sha256"] = "0" * 64
-    bad = tmp_path / "bad-lock.json"
-    bad.write_text(json.dumps(lock))
-    with pytest.raises(EngineInputError, match="lock check failed for the mmproj"):
-        TtsEngine(_workload(tts_paths, lock=str(bad)))
+def test_lock_mismatch_is_caught_on_the_agent_before_load(tts_paths):
+    """Locks are verified once, by the agent's model resolution, before llama.cpp sees a file."""
+    from cancelbench.datasets.locks import LockError
+    from cancelbench.device_agents.models import resolve_models
+
+    locks = json.loads(SF.SPEECH_LOCK.read_text())["files"]
+    good = resolve_models({**_workload(tts_paths), "locks": locks})
+    assert good["mmproj_sha256"] == locks[tts_paths["mmproj"].name]["sha256"]
+    bad = {**locks, tts_paths["mmproj"].name: {**locks[tts_paths["mmproj"].name], "sha256": "0" * 64}}
+    with pytest.raises(LockError, match="does not match lock"):
+        resolve_models({**_workload(tts_paths), "locks": bad})
 
 
 def test_unknown_mechanism(engine):

@@ -12,15 +12,20 @@ import hashlib
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, TypeVar
 
 from cancelbench import native
 
-MECHANISMS = ("between_calls", "abort_callback", "chunked", "graph_eval")
+T = TypeVar("T")
 
 
 class EngineInputError(ValueError):
     """Bad input for an engine (empty text, wrong sample rate, missing model...)."""
+
+
+class Cancelled(Exception):
+    """Raised inside a trial once the engine has honoured the cancel: the trial
+    unwinds to its terminal state from wherever it was."""
 
 
 @dataclass
@@ -65,6 +70,7 @@ class CancelControl:
         self.received_ns: int | None = None
         self.at_receipt: dict = {}
         self.native_returned_ns: int | None = None
+        self.last_rc: int | None = None  # return code of the last native call made through call_rc
         self._in_flight_at_receipt = False
 
     def request(self, received_ns: int) -> bool:
@@ -90,6 +96,33 @@ class CancelControl:
             if self.requested:
                 token.set()
             self.token = token
+
+    def check(self) -> None:
+        """Honour a cancel between native calls (every mechanism does this)."""
+        if self.requested:
+            raise Cancelled
+
+    def call(self, name: str, fn: Callable[..., T], *args) -> T:
+        """One native call that may be cancelled: checked before and after.
+
+        The check after it also covers a call that a native reader stopped
+        (llama_decode returning 2, a clip graph that stopped silently and
+        returned half-computed outputs): its result is never used.
+        """
+        self.check()
+        with self.native_call(name):
+            out = fn(*args)
+        self.check()
+        return out
+
+    def call_rc(self, name: str, fn: Callable[..., int], *args) -> int:
+        """:meth:`call` for a call returning a status code, kept in ``last_rc``
+        even when the call was stopped (llama_decode's 2 is the evidence)."""
+        self.check()
+        with self.native_call(name):
+            self.last_rc = rc = int(fn(*args))
+        self.check()
+        return rc
 
     @contextmanager
     def native_call(self, name: str) -> Iterator[None]:
@@ -176,16 +209,3 @@ def finish_trial(ctl: CancelControl, clock: PhaseClock, *, stopped: bool, t_star
 
 def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-class Engine(Protocol):
-    """A native engine the agent can run trials on."""
-
-    kind: str  # "text" | "tts" | "stt" | "probe"
-    phases: tuple[str, ...]
-
-    def run(self, trial: dict, ctl: CancelControl) -> EngineResult: ...
-
-    def describe(self) -> dict: ...
-
-    def close(self) -> None: ...

@@ -29,6 +29,7 @@ that arm them — inside them:
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp
@@ -38,15 +39,30 @@ from cancelbench import native
 
 from . import llama_runtime as rt
 from . import mtmd_ext as X
-from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, sha256_of
+from .base import Cancelled, CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, sha256_of
+from .registry import ENGINES, UnknownEngine, check_mechanism
 
-STT_MECHANISMS = ("between_calls", "abort_callback", "chunked", "graph_eval")
 N_POS_MROPE = 4
+
+
+@dataclass
+class _SttTrial:
+    """One transcription in progress: what the phases hand each other."""
+
+    ctl: CancelControl
+    mctx: object
+    step: int  # decode batch: n_batch, or chunk_tokens for the chunked mechanism
+    max_tokens: int
+    bitmap: object = None
+    chunks: object = None
+    n_input: int = 0
+    generated: list = field(default_factory=list)
+    chunk_log: list = field(default_factory=list)
 
 
 class SttEngine:
     kind = "stt"
-    phases = ("preprocess", "prefill", "encode", "decode_embd", "generate")
+    phases = ENGINES["stt"].phases
 
     def __init__(self, workload: dict) -> None:
         self.workload = workload
@@ -63,7 +79,6 @@ class SttEngine:
 
         model_path = rt.check_gguf(Path(workload["model"]), "model")
         mmproj = X.check_mmproj(workload.get("mmproj"), modality="audio", expected="qwen3a", engine="stt")
-        self.locked_sha256 = X.verify_locked(workload, {"model": model_path, "mmproj": mmproj})
         self.mmproj_path = mmproj
 
         rt.quiet_logs()
@@ -91,8 +106,7 @@ class SttEngine:
     def describe(self) -> dict:
         return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
                 "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_tokens,
-                "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
-                "model_sha256": self.locked_sha256.get("model"), "mmproj_sha256": self.locked_sha256.get("mmproj")}
+                "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads, "sample_rate": self.sample_rate}
 
     def _mtmd(self, hooked: bool, ctl: CancelControl):
         if hooked and True not in self._mctx:
@@ -118,7 +132,7 @@ class SttEngine:
 
     # ------------------------------------------------------------------ decode helpers
 
-    def _decode_text(self, ctl: CancelControl, tokens, pos: int, logits_last: bool) -> int:
+    def _decode_text(self, ctl: CancelControl, tokens, pos: int, logits_last: bool) -> None:
         b = self.batch
         llama_cpp.llama_batch_ext_clear(b)
         idx = -1
@@ -129,9 +143,10 @@ class SttEngine:
                 raise RuntimeError(f"llama_batch_ext_add_token failed ({idx})")
             p.value = pos + i
             llama_cpp.llama_batch_ext_set_pos(b, idx, ctypes.byref(p))
-        return self._process(ctl, idx, logits_last)
+        self._process(ctl, idx, logits_last)
 
-    def _decode_embd(self, ctl: CancelControl, base: int, first: int, n: int, pos0: int, logits_last: bool) -> int:
+    def _decode_embd(self, ctl: CancelControl, base: int, first: int, n: int, pos0: int,
+                     logits_last: bool) -> None:
         """Embedding rows [first, first + n) of the chunk, positions like decode_embd_batch."""
         b = self.batch
         llama_cpp.llama_batch_ext_clear(b)
@@ -147,15 +162,20 @@ class SttEngine:
             for j in range(N_POS_MROPE):  # set_position_mrope_1d: every section = pos; else one position
                 pos[j] = pos0 + i if (self.mrope or j == 0) else 0
             llama_cpp.llama_batch_ext_set_pos(b, idx, pos)
-        return self._process(ctl, idx, logits_last)
+        self._process(ctl, idx, logits_last)
 
-    def _process(self, ctl: CancelControl, last_idx: int, logits_last: bool) -> int:
-        """Decode the filled batch, timed to llama_synchronize."""
+    def _process(self, ctl: CancelControl, last_idx: int, logits_last: bool) -> None:
+        """Decode the filled batch, timed to llama_synchronize. An aborted decode (2)
+        surfaces as Cancelled; any other failure is an error."""
         if logits_last:
             llama_cpp.llama_batch_ext_set_output_logits(self.batch, last_idx, True)
-        with ctl.native_call("llama_process"):
-            rc = llama_cpp.llama_process(self.ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, self.batch)
-            llama_cpp.llama_synchronize(self.ctx)
+        rc = ctl.call_rc("llama_process", self._process_synchronized)
+        if rc != 0:
+            raise RuntimeError(f"llama_process returned {rc} ({ctl.progress.phase})")
+
+    def _process_synchronized(self) -> int:
+        rc = llama_cpp.llama_process(self.ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, self.batch)
+        llama_cpp.llama_synchronize(self.ctx)  # GPU backends return before the device is done
         return rc
 
     def _piece(self, tok: int) -> bytes:
@@ -167,149 +187,118 @@ class SttEngine:
 
     def run(self, trial: dict, ctl: CancelControl) -> EngineResult:
         mechanism = trial["mechanism"]
-        if mechanism not in STT_MECHANISMS:
-            raise EngineInputError(f"stt engine has no mechanism {mechanism!r} (has: {', '.join(STT_MECHANISMS)})")
+        try:
+            check_mechanism(self.kind, mechanism)
+        except UnknownEngine as exc:
+            raise EngineInputError(str(exc)) from None
         samples = self.load_audio(trial["input"])
-        max_tokens = int(trial.get("max_tokens", self.max_tokens))
         hooked = mechanism == "graph_eval"
         mctx = self._mtmd(hooked, ctl)
         rt.arm_abort(self.ctx, ctl.token if mechanism in ("abort_callback", "graph_eval") else None)
-        step = self.chunk_tokens if mechanism == "chunked" else self.n_batch
-
-        progress = ctl.progress
-        progress.heavy_graph = None
-        clock = PhaseClock(progress)
+        st = _SttTrial(ctl=ctl, mctx=mctx, step=self.chunk_tokens if mechanism == "chunked" else self.n_batch,
+                       max_tokens=int(trial.get("max_tokens", self.max_tokens)))
+        ctl.progress.heavy_graph = None
+        clock = PhaseClock(ctl.progress)
         t_start = native.now_ns()
-        rc: int | None = None
         stopped = False
-        generated: list[int] = []
-        n_input = 0
-        chunk_log: list[dict] = []
-        bitmap = None
-        chunks = None
-        audio = None
         try:
             clock.enter("preprocess")
-            if ctl.requested:  # latched before the first native call
-                stopped = True
-            else:
-                with ctl.native_call("llama_memory_clear"):
-                    llama_cpp.llama_memory_clear(self.mem, True)
-                    llama_cpp.llama_sampler_reset(self.sampler)
-                audio = (ctypes.c_float * len(samples)).from_buffer_copy(samples.tobytes())
-                with ctl.native_call("mtmd_bitmap_init_from_audio"):
-                    bitmap = M.mtmd_bitmap_init_from_audio(len(samples), audio)
-                chunks = M.mtmd_input_chunks_init()
-                text = self.prompt_text().encode()
-                itext = M.mtmd_input_text(text, len(text), False, True)
-                bitmaps = (ctypes.c_void_p * 1)(bitmap)
-                if not ctl.requested:
-                    with ctl.native_call("mtmd_tokenize"):
-                        rc = M.mtmd_tokenize(mctx, chunks, ctypes.byref(itext), bitmaps, 1)
-                    if rc != 0:
-                        raise EngineInputError(f"mtmd_tokenize rejected the audio ({rc})")
-                stopped = ctl.requested
-
-            n_chunks = M.mtmd_input_chunks_size(chunks) if (chunks and not stopped) else 0
+            self._preprocess(st, samples)
             n_past = 0
-            for ci in range(n_chunks):
-                if stopped or ctl.requested:
-                    stopped = True
-                    break
-                chunk = M.mtmd_input_chunks_get(chunks, ci)
-                ctype = M.mtmd_input_chunk_get_type(chunk)
-                last = ci == n_chunks - 1
-                if ctype == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
-                    clock.enter("prefill")
-                    n_tok = ctypes.c_size_t(0)
-                    toks = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n_tok))
-                    toks = [int(toks[i]) for i in range(n_tok.value)]
-                    for i in range(0, len(toks), step):
-                        if ctl.requested:
-                            stopped = True
-                            break
-                        part = toks[i:i + step]
-                        rc = self._decode_text(ctl, part, n_past, logits_last=last and i + step >= len(toks))
-                        if rc != 0:
-                            if rc == 2 or ctl.requested:
-                                stopped = True
-                                break
-                            raise RuntimeError(f"llama_process returned {rc} in prefill")
-                        n_past += len(part)
-                        n_input += len(part)
-                        progress.input_tokens_done = n_input
-                    chunk_log.append({"chunk": ci, "type": "text", "n_tokens": len(toks)})
-                    continue
-
-                # an audio chunk: clip encode, then the embeddings through the text model
-                n_tok = int(M.mtmd_input_chunk_get_n_tokens(chunk))
-                clock.enter("encode")
-                progress.heavy_graph = "clip_encode"
-                t0 = native.now_ns()
-                with ctl.native_call("mtmd_encode_chunk"):
-                    rc = M.mtmd_encode_chunk(mctx, chunk)
-                progress.heavy_graph = None
-                enc_ms = (native.now_ns() - t0) / 1e6
-                if ctl.requested:  # a graph_eval stop returns 0 with half-computed embeddings: discard
-                    stopped = True
-                    break
-                if rc != 0:
-                    raise RuntimeError(f"mtmd_encode_chunk failed ({rc})")
-                base = ctypes.cast(M.mtmd_get_output_embd(mctx), ctypes.c_void_p).value
-                clock.enter("decode_embd")
-                t0 = native.now_ns()
-                for i in range(0, n_tok, step):
-                    if ctl.requested:
-                        stopped = True
-                        break
-                    n = min(step, n_tok - i)
-                    rc = self._decode_embd(ctl, base, i, n, n_past, logits_last=last and i + n >= n_tok)
-                    if rc != 0:
-                        if rc == 2 or ctl.requested:
-                            stopped = True
-                            break
-                        raise RuntimeError(f"llama_process returned {rc} decoding embeddings")
-                    n_input += n
-                    progress.input_tokens_done = n_input
-                if stopped:
-                    break
-                n_past += int(M.mtmd_input_chunk_get_n_pos(chunk))
-                chunk_log.append({"chunk": ci, "type": "audio", "n_tokens": n_tok, "encode_ms": enc_ms,
-                                  "decode_ms": (native.now_ns() - t0) / 1e6})
-            stopped = stopped or ctl.requested
-
-            if not stopped:
-                clock.enter("generate")
-                for _ in range(max_tokens):
-                    if ctl.requested:
-                        stopped = True
-                        break
-                    with ctl.native_call("llama_sampler_sample"):
-                        tok = int(llama_cpp.llama_sampler_sample(self.sampler, self.ctx, -1))
-                    if llama_cpp.llama_vocab_is_eog(self.vocab, tok):
-                        break
-                    generated.append(tok)
-                    progress.tokens_generated = len(generated)
-                    if len(generated) >= max_tokens:
-                        break
-                    rc = self._decode_text(ctl, [tok], n_past, logits_last=True)
-                    if rc != 0:
-                        if rc == 2 or ctl.requested:
-                            stopped = True
-                            break
-                        raise RuntimeError(f"llama_process returned {rc} in generate")
-                    n_past += 1
+            for ci in range(M.mtmd_input_chunks_size(st.chunks)):
+                n_past = self._eval_chunk(st, clock, ci, n_past)
+            clock.enter("generate")
+            self._generate(st, n_past)
+        except Cancelled:
+            stopped = True
         finally:
-            progress.heavy_graph = None
-            if chunks:
-                M.mtmd_input_chunks_free(chunks)
-            if bitmap:
-                M.mtmd_bitmap_free(bitmap)
-
-        text_out = b"".join(self._piece(t) for t in generated).decode("utf-8", "replace")
-        return finish_trial(ctl, clock, stopped=stopped, t_start_ns=t_start, decode_rc=rc, n_input_tokens=n_input,
-                            output={"text": text_out, "tokens": generated, "chunks": chunk_log},
+            ctl.progress.heavy_graph = None
+            if st.chunks:
+                M.mtmd_input_chunks_free(st.chunks)
+            if st.bitmap:
+                M.mtmd_bitmap_free(st.bitmap)
+        text_out = b"".join(self._piece(t) for t in st.generated).decode("utf-8", "replace")
+        return finish_trial(ctl, clock, stopped=stopped, t_start_ns=t_start, decode_rc=ctl.last_rc,
+                            n_input_tokens=st.n_input,
+                            output={"text": text_out, "tokens": st.generated, "chunks": st.chunk_log},
                             output_sha256=sha256_of(text_out.encode("utf-8")))
+
+    def _preprocess(self, st: _SttTrial, samples) -> None:
+        """Reset, then mtmd_tokenize: the log-mel and the split into chunks (one uncheckable call)."""
+        ctl = st.ctl
+        ctl.call("llama_memory_clear", self._reset)
+        audio = (ctypes.c_float * len(samples)).from_buffer_copy(samples.tobytes())
+        st.bitmap = ctl.call("mtmd_bitmap_init_from_audio", M.mtmd_bitmap_init_from_audio, len(samples), audio)
+        st.chunks = M.mtmd_input_chunks_init()
+        text = self.prompt_text().encode()
+        itext = M.mtmd_input_text(text, len(text), False, True)
+        bitmaps = (ctypes.c_void_p * 1)(st.bitmap)
+        rc = ctl.call_rc("mtmd_tokenize", M.mtmd_tokenize, st.mctx, st.chunks, ctypes.byref(itext), bitmaps, 1)
+        if rc != 0:
+            raise EngineInputError(f"mtmd_tokenize rejected the audio ({rc})")
+
+    def _reset(self) -> None:
+        llama_cpp.llama_memory_clear(self.mem, True)
+        llama_cpp.llama_sampler_reset(self.sampler)
+
+    def _eval_chunk(self, st: _SttTrial, clock: PhaseClock, ci: int, n_past: int) -> int:
+        """One mtmd chunk: text is decoded (prefill); audio is encoded by clip, then its
+        embeddings decoded by the text model. Returns the next position."""
+        ctl = st.ctl
+        chunk = M.mtmd_input_chunks_get(st.chunks, ci)
+        last = ci == M.mtmd_input_chunks_size(st.chunks) - 1
+        if M.mtmd_input_chunk_get_type(chunk) == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
+            clock.enter("prefill")
+            n_tok = ctypes.c_size_t(0)
+            ptr = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n_tok))
+            toks = [int(ptr[i]) for i in range(n_tok.value)]
+            for i in range(0, len(toks), st.step):
+                part = toks[i:i + st.step]
+                self._decode_text(ctl, part, n_past, logits_last=last and i + st.step >= len(toks))
+                n_past += len(part)
+                self._count_input(st, len(part))
+            st.chunk_log.append({"chunk": ci, "type": "text", "n_tokens": len(toks)})
+            return n_past
+        n_tok = int(M.mtmd_input_chunk_get_n_tokens(chunk))
+        clock.enter("encode")
+        ctl.progress.heavy_graph = "clip_encode"
+        t0 = native.now_ns()
+        try:  # a graph_eval stop returns 0 with half-computed embeddings: Cancelled discards them
+            rc = ctl.call_rc("mtmd_encode_chunk", M.mtmd_encode_chunk, st.mctx, chunk)
+        finally:
+            ctl.progress.heavy_graph = None
+        enc_ms = (native.now_ns() - t0) / 1e6
+        if rc != 0:
+            raise RuntimeError(f"mtmd_encode_chunk failed ({rc})")
+        base = ctypes.cast(M.mtmd_get_output_embd(st.mctx), ctypes.c_void_p).value
+        clock.enter("decode_embd")
+        t0 = native.now_ns()
+        for i in range(0, n_tok, st.step):
+            n = min(st.step, n_tok - i)
+            self._decode_embd(ctl, base, i, n, n_past, logits_last=last and i + n >= n_tok)
+            self._count_input(st, n)
+        st.chunk_log.append({"chunk": ci, "type": "audio", "n_tokens": n_tok, "encode_ms": enc_ms,
+                             "decode_ms": (native.now_ns() - t0) / 1e6})
+        return n_past + int(M.mtmd_input_chunk_get_n_pos(chunk))
+
+    @staticmethod
+    def _count_input(st: _SttTrial, n: int) -> None:
+        st.n_input += n
+        st.ctl.progress.input_tokens_done = st.n_input
+
+    def _generate(self, st: _SttTrial, n_past: int) -> None:
+        """Greedy tokens until end-of-generation or max_tokens."""
+        ctl = st.ctl
+        for _ in range(st.max_tokens):
+            tok = int(ctl.call("llama_sampler_sample", llama_cpp.llama_sampler_sample, self.sampler, self.ctx, -1))
+            if llama_cpp.llama_vocab_is_eog(self.vocab, tok):
+                return
+            st.generated.append(tok)
+            ctl.progress.tokens_generated = len(st.generated)
+            if len(st.generated) >= st.max_tokens:
+                return
+            self._decode_text(ctl, [tok], n_past, logits_last=True)
+            n_past += 1
 
     def close(self) -> None:
         for hooked in list(getattr(self, "_mctx", {})):

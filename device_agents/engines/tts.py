@@ -40,8 +40,7 @@ duration.
 from __future__ import annotations
 
 import ctypes
-import json
-import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -53,16 +52,35 @@ from cancelbench import native
 
 from . import llama_runtime as rt
 from . import mtmd_ext as X
-from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, sha256_of
+from .base import Cancelled, CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, sha256_of
+from .registry import ENGINES, UnknownEngine, check_mechanism
 
-TTS_MECHANISMS = ("between_calls", "abort_callback", "chunked", "graph_eval")
 WINDOW_FRAMES = 72           # mtmd-helper-gen.cpp qwen3tts window_frames (== clip wav_tfm_swa)
-LANG_CODES = ("zh", "en", "de", "it", "pt", "es", "ja", "ko", "fr", "ru")
+
+
+@dataclass
+class _TtsTrial:
+    """One synthesis in progress: what the phases hand each other."""
+
+    ctl: CancelControl
+    gen: object  # mtmd_helper_gen_audio context
+    seed: int
+    lang: str
+    max_frames: int
+    prompt_batch: int
+    sampler: object = None
+    n_prompt: int = 0
+    frames: int = 0
+    buffered: int = 0  # frames since the last code2wav window
+    steps: list = field(default_factory=list)
+    pcm: np.ndarray | None = None
+    n_samples: int = 0
+    keep: list = field(default_factory=list)  # ctypes objects that must outlive a native call
 
 
 class TtsEngine:
     kind = "tts"
-    phases = ("set_input", "prompt", "generate", "code2wav", "output")
+    phases = ENGINES["tts"].phases
 
     def __init__(self, workload: dict) -> None:
         self.workload = workload
@@ -83,7 +101,6 @@ class TtsEngine:
         model_path = rt.check_gguf(Path(workload["model"]), "model")
         mmproj = X.check_mmproj(workload.get("mmproj"), modality="gen_audio", expected="qwen3tts_gen",
                                 engine="tts")
-        self.locked_sha256 = X.verify_locked(workload, {"model": model_path, "mmproj": mmproj})
         self.mmproj_path = mmproj
         self.samples_per_frame = self._samples_per_frame(mmproj)
 
@@ -141,8 +158,7 @@ class TtsEngine:
         return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
                 "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_frames, "max_frames": self.max_frames,
                 "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
-                "samples_per_frame": self.samples_per_frame, "window_frames": WINDOW_FRAMES,
-                "model_sha256": self.locked_sha256.get("model"), "mmproj_sha256": self.locked_sha256.get("mmproj")}
+                "samples_per_frame": self.samples_per_frame, "window_frames": WINDOW_FRAMES}
 
     def _contexts(self, hooked: bool, ctl: CancelControl):
         if hooked and True not in self._mctx:
@@ -181,186 +197,160 @@ class TtsEngine:
 
     def run(self, trial: dict, ctl: CancelControl) -> EngineResult:
         mechanism = trial["mechanism"]
-        if mechanism not in TTS_MECHANISMS:
-            raise EngineInputError(f"tts engine has no mechanism {mechanism!r} (has: {', '.join(TTS_MECHANISMS)})")
+        try:
+            check_mechanism(self.kind, mechanism)
+        except UnknownEngine as exc:
+            raise EngineInputError(str(exc)) from None
         text = trial.get("input")
         if not isinstance(text, str) or not text.strip():
             raise EngineInputError("empty text: nothing to synthesize")
-        lang = str(trial.get("lang") or self.lang)
-        seed = int(trial.get("seed", self.default_seed)) & 0xFFFFFFFF
-        max_frames = int(trial.get("max_frames", self.max_frames))
         hooked = mechanism == "graph_eval"
         mctx, gen = self._contexts(hooked, ctl)
         rt.arm_abort(self.ctx, ctl.token if mechanism in ("abort_callback", "graph_eval") else None)
-        prompt_batch = self.chunk_tokens if mechanism == "chunked" else self.n_batch
-        n_prompt = 0
-
-        progress = ctl.progress
-        progress.frames_generated = 0
-        progress.heavy_graph = None
-        clock = PhaseClock(progress)
+        st = _TtsTrial(ctl=ctl, gen=gen, seed=int(trial.get("seed", self.default_seed)) & 0xFFFFFFFF,
+                       lang=str(trial.get("lang") or self.lang),
+                       max_frames=int(trial.get("max_frames", self.max_frames)),
+                       prompt_batch=self.chunk_tokens if mechanism == "chunked" else self.n_batch)
+        ctl.progress.frames_generated = 0
+        ctl.progress.heavy_graph = None
+        clock = PhaseClock(ctl.progress)
         t_start = native.now_ns()
-        steps: list[dict] = []
-        rc: int | None = None
         stopped = False
-        frames = 0
-        buffered = 0
-        sampler = None
-        pcm = None
-        keep: list = []  # ctypes objects that must outlive a native call
-
-        def call(name: str, fn, *args):
-            with ctl.native_call(name):
-                out = fn(*args)
-            return out
-
         try:
             clock.enter("set_input")
-            if ctl.requested:  # latched: a cancel before the first native call
-                stopped = True
-            else:
-                n_prompt = call("llama_tokenize", self.prompt_tokens, text)
-                call("llama_memory_clear", llama_cpp.llama_memory_clear, self.mem, True)
-                call("clip_rng_reseed", X.reseed_clip_rng, mctx, self.n_embd, seed)
-                sampler = self._new_sampler(seed)
-                raw = text.encode("utf-8")
-                inp = M.mtmd_helper_gen_audio_inp()
-                inp.seq_id = 0
-                inp.prompt = raw
-                inp.prompt_len = len(raw)
-                inp.speaker_ref = None
-                inp.lang = lang.encode()
-                inp.top_k = self.top_k
-                inp.top_p = 1.0
-                inp.seed = seed
-                inp.out_type = M.MTMD_HELPER_GEN_AUDIO_OUTTYPE_PCM
-                keep.append((raw, inp))
-                if not ctl.requested:
-                    rc = call("mtmd_helper_gen_audio_set_input", M.mtmd_helper_gen_audio_set_input,
-                              gen, ctypes.byref(inp))
-                    if rc != 0:
-                        raise EngineInputError(f"set_input rejected the text (language {lang!r} unknown to "
-                                               f"the model, or a vocab without the Qwen3-TTS specials)")
-                stopped = ctl.requested
-
-            # prompt: step_prompt in batches
-            if not stopped:
-                clock.enter("prompt")
-                remaining = n_prompt
-                while True:
-                    if ctl.requested:
-                        stopped = True
-                        break
-                    t0 = native.now_ns()
-                    with ctl.native_call("mtmd_helper_gen_audio_step_prompt"):
-                        r = M.mtmd_helper_gen_audio_step_prompt(gen, prompt_batch)
-                        llama_cpp.llama_synchronize(self.ctx)
-                    rc = r
-                    if r < 0:
-                        if ctl.requested:  # llama_decode returned 2 (aborted) inside the helper
-                            stopped = True
-                            break
-                        raise RuntimeError(f"step_prompt failed ({r})")
-                    remaining = int(r)
-                    progress.input_tokens_done = n_prompt - remaining
-                    steps.append({"phase": "prompt", "prompt_remaining": remaining, "frames": 0,
-                                  "code2wav": False, "ms": (native.now_ns() - t0) / 1e6})
-                    if r == 0:
-                        break
-                stopped = stopped or ctl.requested
-
-            # generate: one frame per step_gen (some steps also decode a code2wav window)
-            if not stopped:
-                clock.enter("generate")
-                sampled = call("llama_sampler_sample", llama_cpp.llama_sampler_sample, sampler, self.ctx, -1)
-                h_state = llama_cpp.llama_get_embeddings_ith(self.ctx, -1)
-                h_out = ctypes.POINTER(ctypes.c_float)()
-                stop = ctypes.c_bool(False)
-                while frames < max_frames:
-                    if ctl.requested:
-                        stopped = True
-                        break
-                    window = buffered + 1 >= WINDOW_FRAMES
-                    clock.enter("code2wav" if window else "generate")
-                    progress.heavy_graph = "code2wav" if window else None
-                    t0 = native.now_ns()
-                    polls0 = ctl.token.polls
-                    with ctl.native_call("mtmd_helper_gen_audio_step_gen"):
-                        rc = M.mtmd_helper_gen_audio_step_gen(gen, sampled, h_state, ctypes.byref(h_out),
-                                                              ctypes.byref(stop))
-                        llama_cpp.llama_synchronize(self.ctx)
-                    progress.heavy_graph = None
-                    dt = (native.now_ns() - t0) / 1e6
-                    if ctl.requested:  # includes a silent clip stop (graph_eval): discard the step
-                        stopped = True
-                        break
-                    if rc != 0:
-                        raise RuntimeError(f"step_gen failed ({rc}) at frame {frames}")
-                    if stop.value or not h_out:
-                        steps.append({"phase": "generate", "prompt_remaining": 0, "frames": frames,
-                                      "code2wav": False, "ms": dt, "eos": True})
-                        break
-                    frames += 1
-                    buffered = 0 if window else buffered + 1
-                    progress.frames_generated = frames
-                    progress.tokens_generated = frames
-                    steps.append({"phase": "code2wav" if window else "generate", "prompt_remaining": 0,
-                                  "frames": frames, "code2wav": window, "ms": dt,
-                                  "polls": ctl.token.polls - polls0})
-                    h_state = h_out
-                    if frames >= max_frames:
-                        break
-                    clock.enter("generate")
-                    if ctl.requested:
-                        stopped = True
-                        break
-                    sampled = call("llama_sampler_sample", llama_cpp.llama_sampler_sample, sampler, self.ctx, -1)
-                stopped = stopped or ctl.requested
-
-            # the final (partial) window + copy-out
-            n_samples = 0
-            if not stopped:
-                clock.enter("code2wav" if buffered else "output")
-                progress.heavy_graph = "code2wav" if buffered else None
-                sr = ctypes.c_int32(0)
-                data = ctypes.POINTER(ctypes.c_char)()
-                n_bytes = ctypes.c_size_t(0)
-                ns = ctypes.c_int64(0)
-                t0 = native.now_ns()
-                rc = call("mtmd_helper_gen_audio_get_output", M.mtmd_helper_gen_audio_get_output,
-                          gen, ctypes.byref(sr), ctypes.byref(data), ctypes.byref(n_bytes), ctypes.byref(ns))
-                progress.heavy_graph = None
-                steps.append({"phase": "code2wav" if buffered else "output", "prompt_remaining": 0,
-                              "frames": frames, "code2wav": bool(buffered), "ms": (native.now_ns() - t0) / 1e6,
-                              "final": True})
-                if ctl.requested:
-                    stopped = True
-                elif rc != 0:
-                    raise RuntimeError(f"get_output failed ({rc})")
-                else:
-                    clock.enter("output")
-                    pcm = np.frombuffer(ctypes.string_at(data, n_bytes.value), dtype=np.float32).copy()
-                    n_samples = int(ns.value)
+            self._set_input(st, mctx, text)
+            clock.enter("prompt")
+            self._prompt(st)
+            clock.enter("generate")
+            self._generate(st, clock)
+            self._flush(st, clock)
+        except Cancelled:
+            stopped = True
         finally:
-            if sampler is not None:
-                llama_cpp.llama_sampler_free(sampler)
-            progress.heavy_graph = None
+            if st.sampler is not None:
+                llama_cpp.llama_sampler_free(st.sampler)
+            ctl.progress.heavy_graph = None
+        return finish_trial(ctl, clock, stopped=stopped, t_start_ns=t_start, decode_rc=ctl.last_rc,
+                            n_input_tokens=st.n_prompt,
+                            output=self._output(st, trial, hooked, stopped or ctl.requested),
+                            output_sha256=None if st.pcm is None else sha256_of(st.pcm.tobytes()))
 
-        stopped = stopped or ctl.requested
-        output: dict = {"frames": frames, "steps": steps, "sample_rate": self.sample_rate,
-                        "samples_per_frame": self.samples_per_frame, "n_prompt_tokens": n_prompt}
-        sha = None
-        if not stopped and pcm is not None:
-            sha = sha256_of(pcm.tobytes())
-            output.update(pcm=pcm, n_samples=n_samples,
-                          window_rule_consistent=(n_samples == frames * self.samples_per_frame))
-            if hooked:
-                output["code2wav_measured"] = measured_code2wav_steps(steps)
-            wav_out = trial.get("wav_out")
-            if wav_out:
-                output["wav"] = str(X.write_wav16(Path(wav_out), pcm, self.sample_rate))
-        return finish_trial(ctl, clock, stopped=stopped, t_start_ns=t_start, decode_rc=rc, n_input_tokens=n_prompt,
-                            output=output, output_sha256=sha)
+    def _set_input(self, st: _TtsTrial, mctx, text: str) -> None:
+        """Tokenize, reset the talker and the clip RNG, then the helper's set_input (one uncheckable call)."""
+        ctl = st.ctl
+        st.n_prompt = ctl.call("llama_tokenize", self.prompt_tokens, text)
+        ctl.call("llama_memory_clear", llama_cpp.llama_memory_clear, self.mem, True)
+        ctl.call("clip_rng_reseed", X.reseed_clip_rng, mctx, self.n_embd, st.seed)
+        st.sampler = self._new_sampler(st.seed)
+        raw = text.encode("utf-8")
+        inp = M.mtmd_helper_gen_audio_inp()
+        inp.seq_id = 0
+        inp.prompt = raw
+        inp.prompt_len = len(raw)
+        inp.speaker_ref = None
+        inp.lang = st.lang.encode()
+        inp.top_k = self.top_k
+        inp.top_p = 1.0
+        inp.seed = st.seed
+        inp.out_type = M.MTMD_HELPER_GEN_AUDIO_OUTTYPE_PCM
+        st.keep.append((raw, inp))  # must outlive the native calls
+        rc = ctl.call_rc("mtmd_helper_gen_audio_set_input", M.mtmd_helper_gen_audio_set_input,
+                         st.gen, ctypes.byref(inp))
+        if rc != 0:
+            raise EngineInputError(f"set_input rejected the text (language {st.lang!r} unknown to "
+                                   "the model, or a vocab without the Qwen3-TTS specials)")
+
+    def _step_synchronized(self, fn, *args) -> int:
+        rc = fn(*args)
+        llama_cpp.llama_synchronize(self.ctx)  # GPU backends return before the device is done
+        return rc
+
+    def _prompt(self, st: _TtsTrial) -> None:
+        """step_prompt in batches; a talker decode the abort reader stopped returns < 0 (then Cancelled)."""
+        while True:
+            t0 = native.now_ns()
+            r = st.ctl.call_rc("mtmd_helper_gen_audio_step_prompt", self._step_synchronized,
+                               M.mtmd_helper_gen_audio_step_prompt, st.gen, st.prompt_batch)
+            if r < 0:
+                raise RuntimeError(f"step_prompt failed ({r})")
+            st.ctl.progress.input_tokens_done = st.n_prompt - r
+            st.steps.append({"phase": "prompt", "prompt_remaining": r, "frames": 0, "code2wav": False,
+                             "ms": (native.now_ns() - t0) / 1e6})
+            if r == 0:
+                return
+
+    def _generate(self, st: _TtsTrial, clock: PhaseClock) -> None:
+        """One frame per step_gen; the step that completes a 72-frame window also runs code2wav."""
+        ctl, progress = st.ctl, st.ctl.progress
+        sampled = ctl.call("llama_sampler_sample", llama_cpp.llama_sampler_sample, st.sampler, self.ctx, -1)
+        h_state = llama_cpp.llama_get_embeddings_ith(self.ctx, -1)
+        h_out = ctypes.POINTER(ctypes.c_float)()
+        stop = ctypes.c_bool(False)
+        while st.frames < st.max_frames:
+            window = st.buffered + 1 >= WINDOW_FRAMES
+            clock.enter("code2wav" if window else "generate")
+            progress.heavy_graph = "code2wav" if window else None
+            t0, polls0 = native.now_ns(), ctl.token.polls
+            try:  # a silent clip stop (graph_eval) surfaces as Cancelled here: the step is discarded
+                rc = ctl.call_rc("mtmd_helper_gen_audio_step_gen", self._step_synchronized,
+                                 M.mtmd_helper_gen_audio_step_gen, st.gen, sampled, h_state,
+                                 ctypes.byref(h_out), ctypes.byref(stop))
+            finally:
+                progress.heavy_graph = None
+            dt = (native.now_ns() - t0) / 1e6
+            if rc != 0:
+                raise RuntimeError(f"step_gen failed ({rc}) at frame {st.frames}")
+            if stop.value or not h_out:
+                st.steps.append({"phase": "generate", "prompt_remaining": 0, "frames": st.frames,
+                                 "code2wav": False, "ms": dt, "eos": True})
+                return
+            st.frames += 1
+            st.buffered = 0 if window else st.buffered + 1
+            progress.frames_generated = progress.tokens_generated = st.frames
+            st.steps.append({"phase": "code2wav" if window else "generate", "prompt_remaining": 0,
+                             "frames": st.frames, "code2wav": window, "ms": dt,
+                             "polls": ctl.token.polls - polls0})
+            h_state = h_out
+            if st.frames >= st.max_frames:
+                return
+            clock.enter("generate")
+            sampled = ctl.call("llama_sampler_sample", llama_cpp.llama_sampler_sample, st.sampler, self.ctx, -1)
+
+    def _flush(self, st: _TtsTrial, clock: PhaseClock) -> None:
+        """The final (partial) code2wav window inside get_output, then the PCM copy-out."""
+        partial = st.buffered > 0
+        clock.enter("code2wav" if partial else "output")
+        st.ctl.progress.heavy_graph = "code2wav" if partial else None
+        sr, n_bytes, ns = ctypes.c_int32(0), ctypes.c_size_t(0), ctypes.c_int64(0)
+        data = ctypes.POINTER(ctypes.c_char)()
+        t0 = native.now_ns()
+        try:
+            rc = st.ctl.call_rc("mtmd_helper_gen_audio_get_output", M.mtmd_helper_gen_audio_get_output, st.gen,
+                                ctypes.byref(sr), ctypes.byref(data), ctypes.byref(n_bytes), ctypes.byref(ns))
+        finally:
+            st.ctl.progress.heavy_graph = None
+            st.steps.append({"phase": "code2wav" if partial else "output", "prompt_remaining": 0,
+                             "frames": st.frames, "code2wav": partial, "ms": (native.now_ns() - t0) / 1e6,
+                             "final": True})
+        if rc != 0:
+            raise RuntimeError(f"get_output failed ({rc})")
+        clock.enter("output")
+        st.pcm = np.frombuffer(ctypes.string_at(data, n_bytes.value), dtype=np.float32).copy()
+        st.n_samples = int(ns.value)
+
+    def _output(self, st: _TtsTrial, trial: dict, hooked: bool, stopped: bool) -> dict:
+        output: dict = {"frames": st.frames, "steps": st.steps, "sample_rate": self.sample_rate,
+                        "samples_per_frame": self.samples_per_frame, "n_prompt_tokens": st.n_prompt}
+        if stopped or st.pcm is None:
+            st.pcm = None  # a cancelled trial yields no audio
+            return output
+        output.update(pcm=st.pcm, n_samples=st.n_samples,
+                      window_rule_consistent=(st.n_samples == st.frames * self.samples_per_frame))
+        if hooked:
+            output["code2wav_measured"] = measured_code2wav_steps(st.steps)
+        if trial.get("wav_out"):
+            output["wav"] = str(X.write_wav16(Path(trial["wav_out"]), st.pcm, self.sample_rate))
+        return output
 
     # ------------------------------------------------------------------ teardown
 
@@ -393,24 +383,3 @@ def measured_code2wav_steps(steps: list[dict]) -> list[int] | None:
     if base <= 0:
         return None
     return [s["frames"] for s in frame_steps if s["polls"] > 1.5 * base]
-
-
-def step_summary(steps: list[dict]) -> dict:
-    """Per-step duration summary: frame steps vs code2wav steps (a measured check of the rule)."""
-    gen = [s["ms"] for s in steps if s["phase"] == "generate" and not s.get("eos")]
-    c2w = [s["ms"] for s in steps if s["code2wav"]]
-    return {"generate_step_ms_median": statistics.median(gen) if gen else None,
-            "code2wav_step_ms": c2w,
-            "n_prompt_steps": sum(1 for s in steps if s["phase"] == "prompt")}
-
-
-if __name__ == "__main__":  # pragma: no cover - manual smoke run
-    import sys
-
-    wl = json.loads(sys.argv[1])
-    eng = TtsEngine(wl)
-    from .base import Progress
-    c = CancelControl(native.CancelToken(), Progress())
-    res = eng.run({"input": wl.get("text", "Hello world."), "mechanism": "between_calls", "seed": 1}, c)
-    print(res.outcome, res.phase_durations_ms, res.output["frames"], res.output.get("n_samples"))
-    eng.close()
