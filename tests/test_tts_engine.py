@@ -20,7 +20,7 @@ from cancelbench.datasets import speech_fixtures as SF
 from cancelbench.device_agents.engines.base import CancelControl, EngineInputError, Progress
 from cancelbench.device_agents.engines.tts import WINDOW_FRAMES, TtsEngine
 
-from helpers import cancel_when
+from helpers import cancel_inside_call, cancel_when
 
 TEXT = "Cancel this sentence while it is being spoken."
 FRAMES = WINDOW_FRAMES + 8  # one code2wav window inside generation + a final partial one
@@ -144,12 +144,13 @@ def test_latched_cancel_before_set_input(engine):
 
 def test_cancel_inside_set_input_is_honoured_at_the_first_opportunity(engine):
     ctl = _ctl()
-    th = cancel_when(ctl, lambda p: p.phase == "set_input" and p.native_call is not None)
+    cancel_inside_call(ctl, "mtmd_helper_gen_audio_set_input")  # the one call no mechanism can stop
     res, ctl = _run(engine, ctl=ctl)
-    th.join(5)
     assert res.outcome == "cancelled"
     assert ctl.at_receipt["phase_at_receipt"] == "set_input"
-    assert res.phase_at_terminal in ("set_input", "prompt")
+    assert ctl.at_receipt["native_call_at_receipt"] == "mtmd_helper_gen_audio_set_input"
+    assert res.phase_at_terminal == "set_input"  # honoured right after the call returned
+    assert ctl.native_returned_ns >= ctl.received_ns
 
 
 def test_hundred_immediate_cancels_none_dropped(engine):

@@ -209,3 +209,15 @@ def finish_trial(ctl: CancelControl, clock: PhaseClock, *, stopped: bool, t_star
 
 def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def release(owner: object, *handles: tuple[str, Callable[[object], object]]) -> None:
+    """Free the native handles ``owner`` holds in these attributes, in this order.
+
+    Each is freed at most once and set to None, so ``close()`` may run twice
+    (and after a constructor that failed half-way)."""
+    for attr, free in handles:
+        handle = getattr(owner, attr, None)
+        if handle:
+            free(handle)
+            setattr(owner, attr, None)

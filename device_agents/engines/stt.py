@@ -39,7 +39,8 @@ from cancelbench import native
 
 from . import llama_runtime as rt
 from . import mtmd_ext as X
-from .base import Cancelled, CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, sha256_of
+from .base import (Cancelled, CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, release,
+                   sha256_of)
 from .registry import ENGINES, UnknownEngine, check_mechanism
 
 N_POS_MROPE = 4
@@ -303,16 +304,6 @@ class SttEngine:
     def close(self) -> None:
         for hooked in list(getattr(self, "_mctx", {})):
             M.mtmd_free(self._mctx.pop(hooked))
-        if getattr(self, "batch", None):
-            llama_cpp.llama_batch_ext_free(self.batch)
-            self.batch = None
-        if getattr(self, "sampler", None):
-            llama_cpp.llama_sampler_free(self.sampler)
-            self.sampler = None
-        if getattr(self, "ctx", None):
-            llama_cpp.llama_free(self.ctx)
-            self.ctx = None
-        if getattr(self, "model", None):
-            llama_cpp.llama_model_free(self.model)
-            self.model = None
+        release(self, ("batch", llama_cpp.llama_batch_ext_free), ("sampler", llama_cpp.llama_sampler_free),
+                ("ctx", llama_cpp.llama_free), ("model", llama_cpp.llama_model_free))
         self.graph_token = None  # not ours to free: a trial's token (the agent's, usually)

@@ -52,7 +52,8 @@ from cancelbench import native
 
 from . import llama_runtime as rt
 from . import mtmd_ext as X
-from .base import Cancelled, CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, sha256_of
+from .base import (Cancelled, CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, release,
+                   sha256_of)
 from .registry import ENGINES, UnknownEngine, check_mechanism
 
 WINDOW_FRAMES = 72           # mtmd-helper-gen.cpp qwen3tts window_frames (== clip wav_tfm_swa)
@@ -359,12 +360,7 @@ class TtsEngine:
             M.mtmd_helper_gen_audio_free(self._gen.pop(hooked))
         for hooked in list(getattr(self, "_mctx", {})):
             M.mtmd_free(self._mctx.pop(hooked))
-        if getattr(self, "ctx", None):
-            llama_cpp.llama_free(self.ctx)
-            self.ctx = None
-        if getattr(self, "model", None):
-            llama_cpp.llama_model_free(self.model)
-            self.model = None
+        release(self, ("ctx", llama_cpp.llama_free), ("model", llama_cpp.llama_model_free))
         self.graph_token = None  # not ours to free: a trial's token (the agent's, usually)
 
 
