@@ -14,10 +14,15 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from .ggml_devices import (BACKENDS, BackendDevice, BackendProbeError, llama_cpp_build_info,  # noqa: F401
+from .ggml_devices import (BACKENDS, BackendDevice, BackendProbeError, llama_cpp_build_info,
                            probe_devices, vulkan_physical_devices, which_wheel_variant)
 
 _SCRIPT = Path(__file__).resolve().parent / "ggml_devices.py"
+
+# The ggml layer's public names are part of this module's API too.
+__all__ = ["BACKENDS", "BackendDevice", "BackendProbeError", "backend_env", "devices_from_payload",
+           "llama_cpp_build_info", "llama_params_for", "parse_device_id", "probe_all_devices", "probe_devices",
+           "probe_devices_subprocess", "vulkan_physical_devices", "which_wheel_variant"]
 
 
 # --------------------------------------------------------------------------- per-device process setup

@@ -1,13 +1,12 @@
-"""The sweep driver: validate, plan, start agents, deliver cancels, sink records.
+"""The sweep driver: validate, plan, start agents, run the devices, sink records.
 
-Side effects live here (Ray, files); planning and record maths are pure
-functions in plan.py and schema.py.
+Side effects live here and in device_run.py (Ray, files); planning and
+record maths are pure functions in plan.py and cancelbench.schema.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hashlib
 import json
 import os
@@ -22,18 +21,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
-from cancelbench.datasets.locks import LockError, check_size, load_lock
-
 from cancelbench import sink as sinks
+from cancelbench.datasets.locks import LockError, check_size, load_lock
+from cancelbench.fileio import write_atomic, write_json_atomic
+from cancelbench.schema import SCHEMA_VERSION
 
 from . import cluster
-from .clock import ClockOffset, driver_now_ns, estimate_offset
+from .clock import estimate_offset
 from .config import SweepConfig, WorkloadSpec, load_inputs
-from .plan import ReferenceTimeline, TrialSpec, build_plan, resolve_offset_ms
-from cancelbench.schema import SCHEMA_VERSION, TrialRecord, finalize, merge
-
-
-OFFSET_REFRESH_S = 30.0  # re-ping an agent before a trial when its offset estimate is older
+from .device_run import DeviceRun, _unwrap
+from .plan import TrialSpec, build_plan
 
 
 class SweepInputError(ValueError):
@@ -56,13 +53,6 @@ class SweepResult:
     @property
     def exit_code(self) -> int:
         return 1 if self.failures else 0
-
-
-def _unwrap(exc: BaseException) -> str:
-    """One line from an exception raised on an agent (Ray wraps it)."""
-    cause = getattr(exc, "cause", None) or exc.__cause__ or exc
-    text = f"{type(cause).__name__}: {cause}" if cause is not exc else str(exc)
-    return text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
 
 
 def workload_payload(wl: WorkloadSpec, driver_sees_files: bool = False) -> dict:
@@ -98,27 +88,6 @@ def workload_payload(wl: WorkloadSpec, driver_sees_files: bool = False) -> dict:
         payload.pop("model", None)
         payload.pop("mmproj", None)
     return payload
-
-
-def _reference_timeline(rows: list[dict]) -> ReferenceTimeline | None:
-    """The median uncancelled run: its duration and its phase timeline come from
-    the same run (the lower median, a real run, for an even count)."""
-    done = [r for r in rows if r.get("outcome") == "completed" and r.get("duration_ms") is not None]
-    if not done:
-        return None
-    done.sort(key=lambda r: r["duration_ms"])
-    median = done[(len(done) - 1) // 2]
-    segs = tuple(tuple(s) for s in json.loads(median.get("phase_timeline_json") or "[]"))
-    return ReferenceTimeline(duration_ms=median["duration_ms"], segments=segs)
-
-
-def _sleep_until_driver(deadline_ns: int) -> None:
-    while True:
-        left = deadline_ns - driver_now_ns()
-        if left <= 0:
-            return
-        if left > 2_000_000:
-            time.sleep((left - 1_000_000) / 1e9)
 
 
 class _Progress:
@@ -209,12 +178,51 @@ class Sweep:
 
     def _run(self, sweep_id, slots, agents, inputs, payloads, existing) -> SweepResult:
         slot_by_key = {s.key: s for s in slots}
-        probes = {k: v for k, v in zip(agents, ray.get([a.probe.remote() for a in agents.values()]))}
+        probes, offsets = self._prepare_agents(slot_by_key, agents, payloads)
+        plan = build_plan(self.config, list(agents), {n: list(v) for n, v in inputs.items()})
+        manifest = self._start_dataset(sweep_id, plan, probes, offsets, existing)
+        done_ids = sinks.completed_trial_ids(self.out_dir) if self.resume else set()
+        prior_refs = self._prior_reference_rows(done_ids) if done_ids else {}
+        by_device: dict[str, list[TrialSpec]] = collections.defaultdict(list)
+        for t in plan:
+            if t.trial_id not in done_ids:
+                by_device[t.device].append(t)
+        result = SweepResult(self.out_dir, sweep_id, planned=len(plan), written=0)
+        sink = sinks.RecordSink(self.out_dir)
+        progress = _Progress({k: len(by_device.get(k, [])) for k in agents}, self.show_progress)
+        lock = threading.Lock()
+
+        def record(key: str, row: dict) -> None:
+            sink.add(row)
+            with lock:
+                result.outcomes[row["outcome"]] += 1
+                result.written += 1
+            progress.update(key, row["outcome"])
+
+        runs = [DeviceRun(self.config, self.out_dir, key, slot_by_key[key], agents[key], trials, inputs, payloads,
+                          offsets[key], sweep_id, prior_refs.get(key, []), record)
+                for key, trials in by_device.items()]
+        errors: list[BaseException] = []
+        try:
+            _run_in_parallel(runs, result.not_run, errors)
+        finally:
+            sink.close()
+            progress.close()
+            manifest["status"] = "complete" if not result.not_run and not errors else "incomplete"
+            manifest["not_run"] = sorted(result.not_run)
+            write_json_atomic(self.out_dir / sinks.MANIFEST, manifest)
+        if errors:
+            raise errors[0]
+        return result
+
+    def _prepare_agents(self, slot_by_key: dict, agents: dict, payloads: dict) -> tuple[dict, dict]:
+        """Probe every agent's device, load every workload once (a bad model is an
+        input error before any trial), and estimate each agent's clock offset."""
+        probes = dict(zip(agents, ray.get([a.probe.remote() for a in agents.values()])))
         try:
             cluster.check_agents([slot_by_key[k] for k in probes], list(probes.values()))
         except cluster.ClusterError as exc:
             raise SweepInputError(str(exc)) from None
-        # Load every workload once up front: a bad model is an input error before any trial.
         for key, agent in agents.items():
             for wl in self.config.workloads:
                 try:
@@ -223,14 +231,16 @@ class Sweep:
                     raise SweepInputError(f"{key}: workload {wl.name}: {_unwrap(exc)}") from None
         offsets = {k: estimate_offset(lambda a=a: ray.get(a.ping.remote()), self.config.ping_samples)
                    for k, a in agents.items()}
-        plan = build_plan(self.config, list(agents), {n: list(v) for n, v in inputs.items()})
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        plan_table = pa.Table.from_pylist([t.to_dict() for t in plan])
+        return probes, offsets
+
+    def _start_dataset(self, sweep_id: str, plan: list[TrialSpec], probes: dict, offsets: dict,
+                       existing: dict) -> dict:
+        """Write plan.parquet (once) and the manifest, status "running"; returns the manifest."""
         plan_sha = hashlib.sha256(json.dumps([t.to_dict() for t in plan], sort_keys=True).encode()).hexdigest()
         if existing and existing.get("plan_sha256") != plan_sha:
             raise SweepInputError(f"{self.out_dir}: the plan for the current devices differs from the recorded "
                                   "one (devices changed?); resume needs the same devices")
-        done_ids = sinks.completed_trial_ids(self.out_dir) if self.resume else set()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         manifest = {
             "schema_version": SCHEMA_VERSION, "sweep_id": sweep_id, "config": self.config.to_json(),
             "seeds": {"seed": self.config.seed, "input_seed": self.config.effective_input_seed,
@@ -243,57 +253,11 @@ class Sweep:
             "plan_sha256": plan_sha, "planned_trials": len(plan), "status": "running",
             "resumed": existing.get("resumed", 0) + (1 if self.resume else 0),
         }
-        sinks.write_json_atomic(self.out_dir / sinks.MANIFEST, manifest)
+        write_json_atomic(self.out_dir / sinks.MANIFEST, manifest)
         if not (self.out_dir / sinks.PLAN_FILE).exists():
-            tmp = self.out_dir / f".{sinks.PLAN_FILE}.tmp"
-            pq.write_table(plan_table, tmp)
-            tmp.replace(self.out_dir / sinks.PLAN_FILE)
-
-        sink = sinks.RecordSink(self.out_dir)
-        result = SweepResult(self.out_dir, sweep_id, planned=len(plan), written=0)
-        by_device: dict[str, list[TrialSpec]] = collections.defaultdict(list)
-        for t in plan:
-            by_device[t.device].append(t)
-        prior_refs = self._prior_reference_rows(done_ids) if done_ids else {}
-        todo = {k: [t for t in ts if t.trial_id not in done_ids] for k, ts in by_device.items()}
-        progress = _Progress({k: len(v) for k, v in todo.items()}, self.show_progress)
-        lock = threading.Lock()
-
-        def record(key: str, row: dict) -> None:
-            sink.add(row)
-            with lock:
-                result.outcomes[row["outcome"]] += 1
-                result.written += 1
-            progress.update(key, row["outcome"])
-
-        threads = []
-        errors: list[BaseException] = []
-        for key, trials in todo.items():
-            ctx = _DeviceRun(self, key, slot_by_key[key], agents[key], trials, inputs, payloads, offsets[key],
-                             sweep_id, prior_refs.get(key, []), record)
-
-            def target(ctx=ctx):
-                try:
-                    result.not_run.extend(ctx.run())
-                except BaseException as exc:  # surfaced after the other devices finish
-                    errors.append(exc)
-
-            th = threading.Thread(target=target, name=f"device-{key}", daemon=True)
-            th.start()
-            threads.append(th)
-        try:
-            for th in threads:
-                while th.is_alive():
-                    th.join(timeout=0.5)
-        finally:
-            sink.close()
-            progress.close()
-            manifest["status"] = "complete" if not result.not_run and not errors else "incomplete"
-            manifest["not_run"] = sorted(result.not_run)
-            sinks.write_json_atomic(self.out_dir / sinks.MANIFEST, manifest)
-        if errors:
-            raise errors[0]
-        return result
+            plan_table = pa.Table.from_pylist([t.to_dict() for t in plan])
+            write_atomic(self.out_dir / sinks.PLAN_FILE, lambda tmp: pq.write_table(plan_table, tmp))
+        return manifest
 
     def _prior_reference_rows(self, done_ids: set[str]) -> dict[str, list[dict]]:
         """Reference rows already on disk, keyed by device key (for --resume)."""
@@ -309,153 +273,20 @@ class Sweep:
         return out
 
 
-class _DeviceRun:
-    """Runs one device's trials in plan order, one at a time."""
+def _run_in_parallel(runs: list[DeviceRun], not_run: list[str], errors: list[BaseException]) -> None:
+    """One thread per device; an exception is kept and raised after every device finished."""
+    def target(run: DeviceRun) -> None:
+        try:
+            not_run.extend(run.run())
+        except BaseException as exc:
+            errors.append(exc)
 
-    def __init__(self, sweep: Sweep, key, slot, agent, trials, inputs, payloads, offset: ClockOffset, sweep_id,
-                 prior_refs, record) -> None:
-        self.sweep, self.key, self.slot, self.agent = sweep, key, slot, agent
-        self.trials, self.inputs, self.payloads, self.offset = trials, inputs, payloads, offset
-        self.offset_at_ns = driver_now_ns()
-        self.sweep_id, self.record = sweep_id, record
-        self.refs: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
-        for r in prior_refs:
-            self.refs[(r["workload"], r["mechanism"])].append(r)
-        self.loaded: dict | None = None
-        self.loaded_name: str | None = None
-        self.last_phase: str | None = None  # last phase seen by status polls during a trial
-        self.config = sweep.config
-
-    def run(self) -> list[str]:
-        for i, trial in enumerate(self.trials):
-            try:
-                self._ensure_loaded(trial.workload)
-                self.record(self.key, self._run_trial(trial))
-            except ray.exceptions.ActorUnschedulableError:
-                # Its node is gone: this trial and the rest cannot run on this device.
-                return [t.trial_id for t in self.trials[i:]]
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-                self.record(self.key, self._lost_row(trial, exc))
-                if not self._await_restart():
-                    return [t.trial_id for t in self.trials[i + 1:]]
-        return []
-
-    def engine_of(self, workload: str) -> str:
-        return next(w.engine for w in self.config.workloads if w.name == workload)
-
-    def _ensure_loaded(self, name: str) -> None:
-        if self.loaded_name != name:
-            self.loaded = ray.get(self.agent.load.remote(self.payloads[name]))
-            self.loaded_name = name
-
-    def _await_restart(self, timeout_s: float = 60.0) -> bool:
-        """After an agent death: wait for Ray to restart it (max_restarts); False if it is gone."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                ray.get(self.agent.ping.remote(), timeout=5)
-                self.loaded_name = None  # a restarted agent has no model loaded
-                return True
-            except ray.exceptions.ActorUnschedulableError:
-                return False  # pinned to a node that is gone
-            except (ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
-                time.sleep(0.5)
-            except ray.exceptions.RayActorError as exc:
-                if "restart" not in str(exc).lower():
-                    return False  # died for good (restarts exhausted, node gone)
-                time.sleep(0.5)
-        return False
-
-    def _base_record(self, trial: TrialSpec) -> TrialRecord:
-        """The driver's half of the record: identity, plan and workload settings."""
-        wl = next(w for w in self.config.workloads if w.name == trial.workload)
-        info = self.loaded or {}
-        model = Path(wl.model).name.replace("fixture:", "") if wl.engine != "probe" else "probe"
-        return TrialRecord(
-            sweep_id=self.sweep_id, trial_id=trial.trial_id, trial_index=trial.trial_index,
-            trial_kind=trial.trial_kind, seed=self.config.seed, input_seed=trial.input_seed,
-            offset_seed=trial.offset_seed, workload=trial.workload, engine=wl.engine, model=model,
-            model_sha256=info.get("model_sha256"),
-            n_ctx=info.get("n_ctx"), n_batch=info.get("n_batch", wl.n_batch), n_ubatch=info.get("n_ubatch", wl.n_ubatch),
-            chunk_tokens=info.get("chunk_tokens", wl.chunk_tokens), max_tokens=info.get("max_tokens", wl.max_tokens),
-            n_gpu_layers=info.get("n_gpu_layers", wl.n_gpu_layers), input_id=trial.input_id,
-            mechanism=trial.mechanism, delivery=trial.delivery, offset_plan=trial.offset_plan,
-            offset_fraction=trial.offset_fraction, target_phase=trial.target_phase,
-            clock_offset_ns=self.offset.offset_ns, clock_uncertainty_ns=self.offset.uncertainty_ns,
-            host=self.slot.host, backend=self.slot.backend, device=self.slot.device_id,
-        )
-
-    def _trial_spec(self, trial: TrialSpec) -> dict:
-        """What the agent needs to run the trial (inputs resolved from the corpus)."""
-        item = self.inputs[trial.workload][trial.input_id]
-        spec = {"trial_id": trial.trial_id, "input_id": trial.input_id, "mechanism": trial.mechanism,
-                "delivery": trial.delivery, "seed": self.config.seed, "input": item.get("text", ""),
-                "wav": item.get("wav"), "lang": item.get("lang")}
-        if trial.trial_kind == "reference" and self.engine_of(trial.workload) == "tts":
-            # An uncancelled synthesis is kept so a person can listen to it.
-            spec["wav_out"] = str((self.sweep.out_dir / "audio" / f"{trial.trial_id}.wav").resolve())
-        return spec
-
-    def _run_trial(self, trial: TrialSpec) -> dict:
-        self._refresh_offset()
-        base = self._base_record(trial)
-        spec = self._trial_spec(trial)
-        ref_key = (trial.workload, trial.mechanism)
-        target_ms = None
-        if trial.trial_kind == "cancel":
-            timeline = _reference_timeline(self.refs.get(ref_key, []))
-            try:
-                target_ms = resolve_offset_ms(trial, timeline)
-            except ValueError as exc:
-                return finalize(dataclasses.replace(base, outcome="error", error=str(exc)))
-            base.offset_target_ms = target_ms
-            base.reference_ms = timeline.duration_ms if timeline else None
-            if trial.delivery == "agent":
-                spec["offset_ms"] = target_ms
-        issue: dict = {}
-        cancel_ref = None
-        t_sub = driver_now_ns()
-        ref = self.agent.run_trial.remote(spec)
-        if trial.trial_kind == "cancel" and trial.delivery == "driver":
-            scheduled = t_sub + int(target_ms * 1e6)
-            _sleep_until_driver(scheduled)
-            issued = driver_now_ns()
-            cancel_ref = self.agent.cancel.remote(trial.trial_id)
-            issue = {"t_issued_driver_ns": issued, "t_issued_ns": self.offset.to_agent(issued),
-                     "t_cancel_scheduled_ns": self.offset.to_agent(scheduled)}
-        self._watch(ref)
-        record = dataclasses.replace(merge(base, ray.get(ref)), **issue)
-        if cancel_ref is not None:
-            ray.get(cancel_ref)  # the hop is finished before the next trial; its effect is t_received_ns
-        if trial.delivery == "agent":
-            record.clock_uncertainty_ns = 0  # issued on the agent's own clock
-        row = finalize(record)
-        if trial.trial_kind == "reference":
-            self.refs[ref_key].append(row)
-        return row
-
-    def _watch(self, ref) -> None:
-        """Wait for a trial; note its phase meanwhile, so a trial lost to an agent
-        death says where it died. No timeout: field-scale trials run for minutes."""
-        self.last_phase = None
-        while not ray.wait([ref], timeout=0.5)[0]:
-            try:
-                self.last_phase = ray.get(self.agent.status.remote(), timeout=5).get("phase")
-            except Exception:
-                return
-
-    def _refresh_offset(self) -> None:
-        """Re-estimate the clock offset when the last estimate is older than
-        OFFSET_REFRESH_S: host clocks drift apart by tens of µs per second, which
-        over a sweep of long trials would bias every driver-side timestamp."""
-        if driver_now_ns() - self.offset_at_ns < OFFSET_REFRESH_S * 1e9:
-            return
-        self.offset = estimate_offset(lambda: ray.get(self.agent.ping.remote()), max(5, self.config.ping_samples // 4))
-        self.offset_at_ns = driver_now_ns()
-
-    def _lost_row(self, trial: TrialSpec, exc: BaseException) -> dict:
-        return finalize(dataclasses.replace(self._base_record(trial), outcome="lost", phase_at_terminal=self.last_phase,
-                                            error=f"agent died during the trial: {_unwrap(exc)}"[:2000]))
+    threads = [threading.Thread(target=target, args=(r,), name=f"device-{r.key}", daemon=True) for r in runs]
+    for th in threads:
+        th.start()
+    for th in threads:
+        while th.is_alive():
+            th.join(timeout=0.5)
 
 
 def run_sweep(config: SweepConfig, out_dir: Path, **kwargs) -> SweepResult:
