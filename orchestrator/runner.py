@@ -182,8 +182,8 @@ class Sweep:
 
     def run(self) -> SweepResult:
         inputs, payloads, existing = self._validate()
-        cluster.connect(self.address)
         try:
+            cluster.connect(self.address)  # a cluster whose auth mode we cannot match: input error
             slots = cluster.discover_slots(self.config.devices)
         except cluster.ClusterError as exc:
             raise SweepInputError(str(exc)) from None
@@ -326,12 +326,18 @@ class _DeviceRun:
                 self.record(self.key, self._run_trial(trial))
             except ray.exceptions.ActorUnschedulableError:
                 # Its node is gone: this trial and the rest cannot run on this device.
-                return [t.trial_id for t in self.trials[i:]]
+                return self._gave_up(self.trials[i:])
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
                 self.record(self.key, self._lost_row(trial, exc))
                 if not self._await_restart():
-                    return [t.trial_id for t in self.trials[i + 1:]]
+                    return self._gave_up(self.trials[i + 1:])
         return []
+
+    def _gave_up(self, rest: list[TrialSpec]) -> list[str]:
+        import sys
+        print(f"cancelbench: {self.key}: agent gone (host {self.slot.host} left the cluster?); "
+              f"{len(rest)} trial(s) not run", file=sys.stderr)
+        return [t.trial_id for t in rest]
 
     def engine_of(self, workload: str) -> str:
         return next(w.engine for w in self.config.workloads if w.name == workload)
