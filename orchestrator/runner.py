@@ -52,7 +52,7 @@ class SweepResult:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.failures else 0
+        return 1 if self.failures or self.not_run else 0  # a trial that never ran is a failure too
 
 
 def _unwrap(exc: BaseException) -> str:

@@ -219,7 +219,7 @@ def namespace_pids(ns: str) -> list[int]:
     return [int(p) for p in r.stdout.split()] if r.returncode == 0 else []
 
 
-def _kill_namespace(ns: str, grace_s: float = 10.0) -> None:
+def _kill_namespace(ns: str, grace_s: float = 5.0) -> None:
     """SIGTERM, then SIGKILL, every process in the namespace; only ours live there."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in namespace_pids(ns):

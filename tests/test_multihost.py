@@ -33,7 +33,7 @@ SWEEP_TOML = """
 [sweep]
 seed = {seed}
 trials_per_cell = {trials}
-reference_runs = 2
+reference_runs = 3
 mechanisms = ["abort_callback"]
 deliveries = ["driver"]
 [devices]
@@ -216,7 +216,7 @@ def test_cross_host_sweep_with_driver_delivery(hosts, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     df = read_records(out)
     assert sorted(df.host.unique()) == ["host-a", "host-b"]
-    assert df.trial_id.is_unique and len(df) == 2 * (2 + 6)
+    assert df.trial_id.is_unique and len(df) == 2 * (3 + 6)
     cancels = df[df.trial_kind == "cancel"]
     assert (cancels.delivery == "driver").all() and cancels.t_issued_driver_ns.notna().all()
     assert set(cancels.outcome) <= {"cancelled", "completed"} and (cancels.outcome == "cancelled").any()
@@ -237,10 +237,9 @@ def test_ray_job_submit_runs_a_sweep(hosts, tmp_path):
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "succeeded" in r.stdout.lower(), r.stdout[-3000:]
     df = read_records(out)
-    assert sorted(df.host.unique()) == ["host-a", "host-b"] and len(df) == 2 * (2 + 3)
+    assert sorted(df.host.unique()) == ["host-a", "host-b"] and len(df) == 2 * (3 + 3)
+    # No --address: the job's driver found the cluster through RAY_ADDRESS (a local Ray has no host-a/host-b).
     assert read_manifest(out)["status"] == "complete"
-    # The job's driver ran on the head, found through RAY_ADDRESS.
-    assert read_manifest(out)["driver"]["hostname"]
 
 
 def _host_rows(out: Path, host: str) -> int:
@@ -279,7 +278,7 @@ def test_host_cut_mid_sweep_then_rejoined_and_resumed(hosts, tmp_path):
     assert set(df.trial_id) | not_run == plan  # nothing silently missing
     a, bb = df[df.host == "host-a"], df[df.host == "host-b"]
     assert len(a) == len(plan) // 2 and a.outcome.isin(["cancelled", "completed"]).all()  # host-a finished
-    assert len(bb) < len(plan) // 2 and all(t.startswith("host-b/") for t in not_run)
+    assert len(bb) < len(plan) // 2 and all(t.startswith("host-b_") for t in not_run)
     assert (bb.outcome == "lost").sum() <= 1  # at most the trial in flight at the cut
     assert bb[bb.outcome != "lost"].outcome.isin(["cancelled", "completed"]).all()
 
