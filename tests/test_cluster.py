@@ -108,6 +108,16 @@ def test_agents_command_keeps_the_backend_filter_when_one_is_missing(ray_cluster
     assert "no alive node offers cuda" in captured.err
 
 
+def test_agents_command_rejects_an_unknown_backend_before_ray(capsys):
+    from cancelbench.cli import main
+
+    was_up = ray.is_initialized()
+    assert main(["agents", "--backend", "cpu", "--backend", "tpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown backend(s) tpu" in err[0]
+    assert ray.is_initialized() == was_up  # refused before connecting
+
+
 def test_missing_backend_is_an_error_before_any_trial(ray_cluster, tmp_path):
     with pytest.raises(SweepInputError, match="cuda"):
         run_sweep(config(devices=DeviceSelector(backends=("cuda",))), tmp_path / "a", progress=False)
