@@ -300,11 +300,21 @@ def test_host_cut_mid_sweep_then_rejoined_and_resumed(hosts, tmp_path):
 # -- a cluster with token auth off ----------------------------------------------------------------
 @needs_netns
 @pytest.mark.netns
-def test_unauthenticated_cluster_is_joined_with_a_warning():
+def test_unauthenticated_cluster_is_joined_with_a_warning(tmp_path):
     if _WHY_NOT is not None:
         pytest.fail(f"CANCELBENCH_REQUIRE_NETNS=1 but network namespaces are unavailable: {_WHY_NOT}")
     c = netns.NetnsCluster([("solo", "cpu")], auth=False).start()
+    toml = tmp_path / "solo.toml"
+    toml.write_text(SWEEP_TOML.format(seed=6, trials=2, duration_us=50_000).replace('"host-a", "host-b"', '"solo"'))
+    sweep = ["cancelbench", "sweep", "--config", str(toml), "--address", c.address, "--quiet", "--no-summary"]
     try:
+        # A sweep runs on it: agents start and trials run (a token-mode driver's actors die there).
+        r = c.run(c.head, sweep + ["--out", str(tmp_path / "ok")])
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert len(read_records(tmp_path / "ok")) == 3 + 2 and "token authentication off" in r.stderr
+        r = c.run(c.head, sweep + ["--out", str(tmp_path / "no")], env=c.env(RAY_AUTH_MODE="token"))
+        assert r.returncode == 2 and "unset RAY_AUTH_MODE" in _one_line(r.stderr)
+        assert not (tmp_path / "no").exists()
         r = _agents(c, "--backend", "cpu")
         assert r.returncode == 0, r.stderr[-3000:]
         assert _table(r.stdout) == {("solo", "cpu:0")}
