@@ -23,9 +23,10 @@ else
 LLAMA_VARIANT ?= cpu
 endif
 
-# Debian packages the tests need: Chromium for the HTML report check; the
-# Vulkan runtime, shader compiler and lavapipe come from build_llama_wheel.sh.
-APT_PACKAGES := chromium
+# Debian packages the tests need: Chromium for the HTML report check, iproute2
+# (`ip`) for the multi-host tests in network namespaces; the Vulkan runtime,
+# shader compiler and lavapipe come from build_llama_wheel.sh.
+APT_PACKAGES := chromium iproute2
 
 DEMO_OUT ?= results/demo-$(shell date +%Y%m%d-%H%M%S)
 

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import sys
 
 
 def cmd_agents(args) -> int:
     import ray
 
     from . import cluster
-    from .config import BACKENDS, DeviceSelector
+    from .config import BACKENDS
 
-    cluster.connect(args.address)
+    backends = tuple(args.backend or BACKENDS)
+    unknown = sorted(set(backends) - set(BACKENDS))
+    if unknown:
+        print(f"cancelbench: error: unknown backend(s) {', '.join(unknown)} (known: {', '.join(BACKENDS)})",
+              file=sys.stderr)
+        return 2
     try:
-        slots = cluster.discover_slots(DeviceSelector(backends=tuple(args.backend or BACKENDS)))
-    except cluster.ClusterError:
-        slots = [s for b in BACKENDS for s in _try(cluster, b)]
+        cluster.connect(args.address)
+    except cluster.ClusterError as exc:
+        print(f"cancelbench: error: {exc}", file=sys.stderr)
+        return 2
+    slots = _slots(cluster, backends)
     agents = [cluster.start_agent(s, n_threads=1, max_restarts=0) for s in slots]
     try:
         probes = ray.get([a.probe.remote() for a in agents])
@@ -31,12 +39,22 @@ def cmd_agents(args) -> int:
     return 0 if rows else 1
 
 
-def _try(cluster, backend):
+def _slots(cluster, backends: tuple[str, ...]) -> list:
+    """Slots for the requested backends; those no node offers are named on stderr and left out."""
     from .config import DeviceSelector
+
     try:
-        return cluster.discover_slots(DeviceSelector(backends=(backend,)))
+        return cluster.discover_slots(DeviceSelector(backends=backends))
     except cluster.ClusterError:
-        return []
+        pass
+    slots, missing = [], []
+    for backend in backends:
+        try:
+            slots.extend(cluster.discover_slots(DeviceSelector(backends=(backend,))))
+        except cluster.ClusterError:
+            missing.append(backend)
+    print(f"cancelbench: no alive node offers {', '.join(missing)}", file=sys.stderr)
+    return slots
 
 
 def add_agents_parser(sub) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import ray
@@ -57,39 +60,120 @@ def use_auth_mode(mode: str) -> None:
 def connect(address: str | None = None) -> None:
     """Connect to ``address``/RAY_ADDRESS, or start a local Ray bound to 127.0.0.1.
 
-    Token authentication stays on: RAY_AUTH_MODE=token unless the caller chose a mode.
+    A Ray cancelbench starts itself always has token auth on. An existing
+    cluster is joined in its own mode (:func:`cluster_auth_mode`): a mismatch
+    is a :class:`ClusterError` naming what to set, an unauthenticated cluster
+    a one-line warning on stderr.
     """
     if ray.is_initialized():
         return
-    use_auth_mode(os.environ.get("RAY_AUTH_MODE") or "token")
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        host = address.split("://")[-1].rsplit(":", 1)[0]
-        if host in ("127.0.0.1", "localhost"):
-            _init_loopback(address)
-        else:
-            ray.init(address=address, namespace=AGENT_NAMESPACE, log_to_driver=True)
-    else:
+    if not address:
+        use_auth_mode("token")
         # address="local": always a new instance, never another session's cluster.
-        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, namespace=AGENT_NAMESPACE,
-                 log_to_driver=True, configure_logging=False)
+        with _loopback_node_ip():
+            ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+                     namespace=AGENT_NAMESPACE, log_to_driver=True, configure_logging=False)
+        return
+    mode = cluster_auth_mode(address)
+    use_auth_mode(mode)
+    if mode == "disabled":
+        print(f"cancelbench: warning: the Ray cluster at {address} has token authentication off "
+              "(anyone who reaches it can run code on it)", file=sys.stderr)
+    if _host_of(address) in LOOPBACK:
+        with _loopback_node_ip():
+            ray.init(address=address, namespace=AGENT_NAMESPACE, log_to_driver=True, _node_ip_address="127.0.0.1")
+    else:
+        ray.init(address=address, namespace=AGENT_NAMESPACE, log_to_driver=True)
 
 
-def _init_loopback(address: str) -> None:
-    """Join a cluster bound to 127.0.0.1 without leaving loopback.
+LOOPBACK = ("127.0.0.1", "localhost")
 
-    ray.init rewrites a loopback bootstrap address to the host's primary IP
-    (ray-project/ray#59110), which a loopback-only cluster does not listen on.
-    Keep the address as given and bind the driver to loopback too.
+
+def _host_of(address: str) -> str:
+    return address.split("://")[-1].rsplit(":", 1)[0]
+
+
+@contextmanager
+def _loopback_node_ip():
+    """Keep a loopback node address as given while Ray starts or joins.
+
+    ray.init rewrites a loopback ``_node_ip_address`` to the host's primary IP
+    (ray-project/ray#59110); its servers then bind to every interface and a
+    loopback-only cluster is unreachable. With the address kept, Ray binds the
+    GCS, raylet, workers, driver and agents to 127.0.0.1.
     """
     from ray._private import services
 
     original = services.resolve_ip_for_localhost
-    services.resolve_ip_for_localhost = lambda h: "127.0.0.1" if h in ("127.0.0.1", "localhost") else original(h)
+    services.resolve_ip_for_localhost = lambda h: "127.0.0.1" if h in LOOPBACK else original(h)
     try:
-        ray.init(address=address, namespace=AGENT_NAMESPACE, log_to_driver=True, _node_ip_address="127.0.0.1")
+        yield
     finally:
         services.resolve_ip_for_localhost = original
+
+
+def cluster_auth_mode(address: str, timeout_s: float = 15.0) -> str:
+    """The auth mode of the running cluster at ``address``: "token" or "disabled".
+
+    Asks its GCS (GetClusterId, the first call ray.init makes) without a token:
+    a token-auth GCS answers UNAUTHENTICATED. For such a cluster the local
+    token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) is tried
+    too, so a missing or wrong token is one clear line instead of ray.init
+    retrying for a minute. An explicit RAY_AUTH_MODE that disagrees with the
+    cluster is an error: the user asked for something the cluster does not do.
+    """
+    if address.startswith("ray://"):  # Ray Client: its server handles auth
+        return os.environ.get("RAY_AUTH_MODE") or "token"
+    if address == "auto":
+        from ray._private import services
+        address = services.get_ray_address_from_environment("auto", None) or address
+    target = address.split("://")[-1]
+    code = _gcs_call(target, (), timeout_s)
+    wanted = os.environ.get("RAY_AUTH_MODE")
+    if code is None:
+        if wanted == "token":
+            raise ClusterError(f"the Ray cluster at {address} has token authentication off but RAY_AUTH_MODE=token "
+                               "is set: unset RAY_AUTH_MODE to use it unauthenticated, or restart it with token auth")
+        return "disabled"
+    if code != "UNAUTHENTICATED":
+        raise ClusterError(f"cannot reach the Ray cluster at {address} ({code})")
+    if wanted == "disabled":
+        raise ClusterError(f"the Ray cluster at {address} requires token authentication but RAY_AUTH_MODE=disabled "
+                           "is set: unset it and provide the cluster's token (RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
+    token = _local_token()
+    where = ("set RAY_AUTH_TOKEN_PATH to a copy of the head's ~/.ray/auth_token (or put it in ~/.ray/auth_token)")
+    if token is None:
+        raise ClusterError(f"the Ray cluster at {address} requires token authentication and no token was found: "
+                           + where)
+    if _gcs_call(target, (("authorization", f"Bearer {token}"),), timeout_s) is not None:
+        raise ClusterError(f"the Ray cluster at {address} rejected this machine's auth token: " + where)
+    return "token"
+
+
+def _local_token() -> str | None:
+    from ray._raylet import AuthenticationTokenLoader
+
+    loader = AuthenticationTokenLoader.instance()
+    loader.reset_cache()  # the environment may have changed since Ray was imported
+    if not loader.has_token(ignore_auth_mode=True):
+        return None
+    return loader.get_raw_token(ignore_auth_mode=True)
+
+
+def _gcs_call(target: str, metadata: tuple, timeout_s: float) -> str | None:
+    """One GetClusterId call to the GCS at host:port: None if it succeeded, else the gRPC status name."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    with grpc.insecure_channel(target) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s, metadata=metadata,
+                              wait_for_ready=True)
+        except grpc.RpcError as exc:
+            return exc.code().name
+    return None
 
 
 @ray.remote(num_cpus=0)
@@ -101,14 +185,21 @@ def _probe_node_devices() -> list[str]:
 
 
 def _declared_devices(labels: dict) -> list[str] | None:
+    """Devices a node declares in its backends label, as ``backend:index``.
+
+    Ray label values allow only ``[A-Za-z0-9_.-]`` (``ray start --labels`` also
+    splits on commas), so ``cpu_vulkan-1`` is the form a real node can carry;
+    ``cpu,vulkan:1`` is accepted too (labels set from Python).
+    """
     declared = labels.get(BACKENDS_LABEL)
     if not declared:
         return None
     out = []
-    for item in declared.split(","):
+    for item in re.split(r"[,_.]", declared):
         item = item.strip()
         if item:
-            out.append(item if ":" in item else f"{item}:0")
+            backend, _, index = item.replace("-", ":").partition(":")
+            out.append(f"{backend}:{index or 0}")
     return out
 
 

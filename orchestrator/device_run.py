@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -80,12 +81,17 @@ class DeviceRun:
                 self.record(self.key, self._run_trial(trial))
             except ray.exceptions.ActorUnschedulableError:
                 # Its node is gone: this trial and the rest cannot run on this device.
-                return [t.trial_id for t in self.trials[i:]]
+                return self._gave_up(self.trials[i:])
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
                 self.record(self.key, self._lost_row(trial, exc))
                 if not self._await_restart():
-                    return [t.trial_id for t in self.trials[i + 1:]]
+                    return self._gave_up(self.trials[i + 1:])
         return []
+
+    def _gave_up(self, rest: list[TrialSpec]) -> list[str]:
+        print(f"cancelbench: {self.key}: agent gone (host {self.slot.host} left the cluster?); "
+              f"{len(rest)} trial(s) not run", file=sys.stderr)
+        return [t.trial_id for t in rest]
 
     def engine_of(self, workload: str) -> str:
         return next(w.engine for w in self.config.workloads if w.name == workload)

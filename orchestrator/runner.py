@@ -52,7 +52,7 @@ class SweepResult:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.failures else 0
+        return 1 if self.failures or self.not_run else 0  # a trial that never ran is a failure too
 
 
 def workload_payload(wl: WorkloadSpec, driver_sees_files: bool = False) -> dict:
@@ -157,8 +157,8 @@ class Sweep:
 
     def run(self) -> SweepResult:
         inputs, payloads, existing = self._validate()
-        cluster.connect(self.address)
         try:
+            cluster.connect(self.address)  # a cluster whose auth mode we cannot match: input error
             slots = cluster.discover_slots(self.config.devices)
         except cluster.ClusterError as exc:
             raise SweepInputError(str(exc)) from None
