@@ -35,7 +35,8 @@ def build_report(dirs: list[str | Path], spec: ReportSpec = ReportSpec(), filter
     loaded = load_frame(dirs, TABLE_COLUMNS, filters)
     frame = loaded.frame
     return Report(
-        spec=spec, dirs=loaded.dirs, cells=aggregate_cells(frame, spec), hops=aggregate_hops(frame),
+        spec=spec, dirs=loaded.dirs, cells=aggregate_cells(frame, spec),
+        pooled=aggregate_cells(frame, spec, pool_phases=True), hops=aggregate_hops(frame),
         devices=device_infos(frame), defects=load_defects(dirs, filters), n_records=len(frame),
     )
 

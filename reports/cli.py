@@ -110,9 +110,9 @@ def run_report(args: argparse.Namespace) -> int:
                    "json": lambda: to_json(report)}
         if args.format == "html" or args.html:
             from .html import to_html
-            from .load import load_plot_samples
+            from .load import load_plot_samples, load_references
 
-            page = to_html(report, load_plot_samples(args.dirs, filters))
+            page = to_html(report, load_plot_samples(args.dirs, filters), load_references(args.dirs, filters))
             renders["html"] = lambda: page
             if args.html:
                 _write(args.html, page)

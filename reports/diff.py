@@ -34,8 +34,8 @@ import pandas as pd
 from cancelbench.sink import DatasetError
 
 from . import stats
-from .format import (MARKDOWN_LIMIT, Section, fmt_ms, jsonable, markdown_document, md_safe,
-                     render_terminal_table, term_safe)
+from .format import MARKDOWN_LIMIT, jsonable, markdown_document, md_safe, render_terminal_table, term_safe
+from .sections import Section, fmt_ms
 from .load import TABLE_COLUMNS, Filters, load_frame
 from .tables import ROW_KEYS, BoundSpec, ReportSpec, summarize_cell_arrays
 
@@ -265,7 +265,7 @@ def _section(result: DiffResult) -> Section:
         f"{result.spec.n_boot} replicates); regression = CI above 0 and > {result.spec.rel_threshold:.0%}, "
         "or new dropped/lost, or newly over the bound",
         ["verdict", "device class", "workload", "phase", "mechanism", "delivery", "n", "p50 ms", f"{pl} ms",
-         f"{pl} change", "CI (ms)", "dropped", "why", "worst candidate trials"], rows)
+         f"{pl} change", "CI (ms)", "dropped", "why", "worst candidate trials"], rows, sid="cells")
 
 
 def diff_headline(result: DiffResult) -> str:
@@ -300,7 +300,7 @@ def diff_to_markdown(result: DiffResult, limit: int = MARKDOWN_LIMIT) -> str:
     head = [f"## cancelbench diff: {'REGRESSED' if result.exit_code else 'OK'}", "", md_safe(diff_headline(result)),
             "", md_safe(f"baseline: {', '.join(result.baseline)}; candidate: {', '.join(result.candidate)}")]
     head += ["", *(f"- {md_safe(n)}" for n in _class_notes(result))] if _class_notes(result) else []
-    return markdown_document(head, [_section(result)], [0], limit)
+    return markdown_document(head, [_section(result)], ["cells"], limit)
 
 
 def diff_dict(result: DiffResult) -> dict:

@@ -102,3 +102,124 @@ def known_answer_rows() -> list[dict]:
     rows.append(cancel_row("ref-lost", None, trial_kind="reference", outcome="lost"))
     rows.append(cancel_row("ref-ok", None, trial_kind="reference", outcome="completed"))
     return rows
+
+
+# ----------------------------------------------------------------- browser --
+class HeadlessChromium:
+    """A headless Chromium driven over the DevTools protocol on a pipe
+    (``--remote-debugging-pipe``: fd 3 in, fd 4 out, NUL-separated JSON), so
+    the tests need no websocket library and open no port.  Page scripts stay
+    blocked by the report's CSP; ``evaluate`` runs in DevTools' context."""
+
+    def __init__(self, browser: str, profile: Path, width: int = 1400, height: int = 900) -> None:
+        import os
+        import subprocess
+
+        to_child_r, self._to_child = os.pipe()
+        self._from_child, from_child_w = os.pipe()
+
+        def wire() -> None:  # in the child: the protocol's fixed descriptors, kept across exec
+            src = (os.dup(to_child_r), os.dup(from_child_w))  # copies first: either pipe end may sit on 3 or 4
+            for fd, target in zip(src, (3, 4)):
+                os.dup2(fd, target, inheritable=True)
+
+        self.proc = subprocess.Popen(
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+             "--no-default-browser-check", "--hide-scrollbars", f"--user-data-dir={profile}", "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            close_fds=False, preexec_fn=wire)
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._buf, self._next_id, self.events = b"", 0, []
+        target = self.send("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        for method in ("Page.enable", "Runtime.enable", "Log.enable"):
+            self.send(method, session=True)
+        self.send("Emulation.setDeviceMetricsOverride", session=True, width=width, height=height,
+                  deviceScaleFactor=1, mobile=False)
+
+    def _read_message(self) -> dict:
+        import json
+        import os
+
+        while b"\0" not in self._buf:
+            chunk = os.read(self._from_child, 1 << 16)
+            if not chunk:
+                raise RuntimeError("Chromium closed the DevTools pipe")
+            self._buf += chunk
+        raw, self._buf = self._buf.split(b"\0", 1)
+        return json.loads(raw)
+
+    def send(self, method: str, session: bool = False, **params) -> dict:
+        import json
+        import os
+
+        self._next_id += 1
+        msg = {"id": self._next_id, "method": method, "params": params}
+        if session:
+            msg["sessionId"] = self.session
+        os.write(self._to_child, json.dumps(msg).encode() + b"\0")
+        while True:
+            reply = self._read_message()
+            if reply.get("id") == self._next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self.events.append(reply)
+
+    def wait_event(self, method: str) -> dict:
+        for i, ev in enumerate(self.events):
+            if ev.get("method") == method:
+                return self.events.pop(i)
+        while True:
+            ev = self._read_message()
+            if ev.get("method") == method:
+                return ev
+            self.events.append(ev)
+
+    def open(self, url: str) -> None:
+        self.send("Page.navigate", session=True, url=url)
+        self.wait_event("Page.loadEventFired")
+
+    def evaluate(self, expression: str):
+        result = self.send("Runtime.evaluate", session=True, expression=expression, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(result["exceptionDetails"])
+        return result["result"].get("value")
+
+    def screenshot(self, path: Path) -> Path:
+        import base64
+
+        data = self.send("Page.captureScreenshot", session=True, format="png")["data"]
+        Path(path).write_bytes(base64.b64decode(data))
+        return Path(path)
+
+    def console_problems(self) -> list[str]:
+        """Console errors, uncaught exceptions and CSP/network log entries seen so far."""
+        out = []
+        for ev in self.events:
+            m, p = ev.get("method"), ev.get("params", {})
+            if m == "Runtime.exceptionThrown" or (m == "Runtime.consoleAPICalled" and p.get("type") == "error"):
+                out.append(str(p)[:300])
+            elif m == "Log.entryAdded" and p.get("entry", {}).get("level") in ("error", "warning"):
+                out.append(p["entry"].get("text", "")[:300])
+        return out
+
+    def close(self) -> None:
+        import os
+
+        try:
+            self.send("Browser.close")
+        except (RuntimeError, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except Exception:  # noqa: BLE001 - never leave the browser running
+            self.proc.kill()
+            self.proc.wait()
+        for fd in (self._to_child, self._from_child):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

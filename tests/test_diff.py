@@ -86,6 +86,13 @@ def test_significant_but_small_shift_is_unchanged(tmp_path):
     assert d.verdict == "regressed"
 
 
+def test_significant_but_small_improvement_is_unchanged(tmp_path):
+    d = only(run_diff([sweep(tmp_path, "b", grid(600))], [sweep(tmp_path, "c", grid(600, 0.95))]))
+    assert d.ci_high_ms < 0  # the drop is real ...
+    assert d.verdict == "unchanged"  # ... but under the 10% threshold
+    assert only(run_diff([tmp_path / "b"], [tmp_path / "c"], DiffSpec(rel_threshold=0.02))).verdict == "improved"
+
+
 def test_new_dropped_cancel_is_a_regression(tmp_path):
     base = sweep(tmp_path, "b", grid(600))
     cand = sweep(tmp_path, "c", grid(600), extra=[cancel_row("c-drop", None, host="mac1", outcome="dropped")])
