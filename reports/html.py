@@ -135,3 +135,26 @@ def to_html(report: Report, samples: pd.DataFrame, refs: pd.DataFrame | None = N
         *(section_html(s) for s in rest),
     ]
     return page("cancelbench report", body)
+
+
+def diff_to_html(result) -> str:
+    """The diff page: verdict, the cell table, then baseline vs candidate ECDFs of every changed cell."""
+    from .diff import class_notes, diff_headline, diff_section
+
+    body = [
+        "<h1>cancelbench diff</h1>",
+        f'<p id="verdict" class="verdict-{"defects" if result.exit_code else "ok"}">{esc(diff_headline(result))}</p>',
+        f'<p class="meta">baseline: {esc(", ".join(result.baseline))}; candidate: {esc(", ".join(result.candidate))}'
+        "</p>", *(f'<p class="meta">{esc(n)}</p>' for n in class_notes(result)),
+    ]
+    if result.samples:
+        n = len(result.samples)
+        cap = f" (first {plots.MAX_DIFF_PANELS} of {n})" if n > plots.MAX_DIFF_PANELS else ""
+        bound = result.spec.bound
+        body.append(figure("plot-diff", f"Changed cells{cap}: baseline (grey, dashed) vs candidate ECDF; dotted: "
+                           "the bound", plots.plot_diff_ecdfs(result.cells, result.samples,
+                                                              lambda c: bound.for_cell(c.workload, c.phase))))
+    else:
+        body.append("<p>No cell changed: nothing to overlay.</p>")
+    body.append(section_html(diff_section(result)))
+    return page("cancelbench diff", body)

@@ -213,7 +213,7 @@ def plot_offsets(samples: pd.DataFrame, refs: pd.DataFrame, seed: int = 0) -> st
             for k, (phase, a, b) in enumerate(phase_bands(ref) if ref is not None else []):
                 ax.axvspan(a, b, color=shades[k % 2], zorder=0)
                 ax.text((a + b) / 2, 1.0, plot_label(phase), transform=ax.get_xaxis_transform(), ha="center",
-                        va="bottom", fontsize=7, color="#444", clip_on=True)
+                        va="bottom", fontsize=7, color="#444", clip_on=False)
             for m in colors:
                 idx = groups.get((w, d, m))
                 if idx is not None:
@@ -279,3 +279,34 @@ def plot_uninterruptible(shares: pd.DataFrame, colors: dict[str, str]) -> str:
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=7)
     return svg_text(fig, "uninterruptible")
+
+
+MAX_DIFF_PANELS = 24
+
+
+def plot_diff_ecdfs(cells: list, samples: dict, bound_of) -> str:
+    """Baseline (grey) and candidate ECDFs overlaid, one panel per changed
+    cell; lines carry ids ``diff-base-<i>`` / ``diff-cand-<i>``."""
+    shown = [c for c in cells if c.key in samples][:MAX_DIFF_PANELS]
+    cols = min(3, len(shown))
+    fig, axes = _grid((len(shown) + cols - 1) // cols, cols, 2.6)
+    for ax in axes.flat[len(shown):]:
+        ax.set_visible(False)
+    for i, (ax, c) in enumerate(zip(axes.flat, shown)):
+        colour = "#d62728" if c.verdict == "regressed" else "#2ca02c"
+        for side, values, style in (("base", samples[c.key][0], dict(color="#888", linestyle="--")),
+                                    ("cand", samples[c.key][1], dict(color=colour))):
+            if values is not None and len(values):
+                x, y = even_sample(values, MAX_ECDF_POINTS)
+                line, = ax.step(np.maximum(x, 1e-3), y, where="post", label="baseline" if side == "base"
+                                else "candidate", **style)
+                line.set_gid(f"diff-{side}-{i}")
+        ax.axvline(bound_of(c), color="#555", linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_title(plot_label(f"{c.verdict}: {c.workload} · {c.phase} · {c.mechanism} · {c.delivery}\n")
+                     + plot_label(c.device_class), fontsize=8)
+        ax.set_xlabel("latency_ms (log)", fontsize=8)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.subplots_adjust(hspace=0.7)
+    return svg_text(fig, "diff")

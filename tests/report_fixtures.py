@@ -3,6 +3,7 @@ RecordSink so the layout is exactly what sweeps produce."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from cancelbench import schema
@@ -101,6 +102,71 @@ def known_answer_rows() -> list[dict]:
                       mechanism="between_calls", delivery="agent")
     rows.append(cancel_row("ref-lost", None, trial_kind="reference", outcome="lost"))
     rows.append(cancel_row("ref-ok", None, trial_kind="reference", outcome="completed"))
+    return rows
+
+
+def reference_row(trial_id: str, timeline: list[tuple[str, float, float]], *, host: str = "hostA",
+                  workload: str = "text", mechanism: str = "abort_callback", engine: str = "text") -> dict:
+    """A completed reference run with its phase timeline (ms from t_start) and durations."""
+    end = timeline[-1][2]
+    return cancel_row(trial_id, None, host=host, workload=workload, mechanism=mechanism, trial_kind="reference",
+                      outcome="completed", engine=engine, duration_ms=end + 1.0,
+                      phase_timeline_json=json.dumps([list(t) for t in timeline]),
+                      phase_durations_json=json.dumps({p: b - a for p, a, b in timeline}))
+
+
+def _phase_of(offset: float, timeline: list[tuple[str, float, float]]) -> str:
+    return next((p for p, a, b in timeline if a <= offset - 1.0 < b), timeline[-1][0])
+
+
+def demo_like_rows(n: int = 40) -> list[dict]:
+    """The default demo's shape: one CPU device, the text workload, three
+    mechanisms x two deliveries, prefill then generate, 3 references each.
+    Latency grows with the offset inside prefill for between_calls (it waits
+    out the decode in flight), stays small for abort_callback."""
+    timeline = [("prefill", 0.0, 250.0), ("generate", 250.0, 480.0)]
+    scale = {"between_calls": 1.0, "chunked": 0.15, "abort_callback": 0.004}
+    rows = []
+    for m, k in scale.items():
+        rows += [reference_row(f"ref-{m}-{i}", timeline, host="vm", mechanism=m) for i in range(3)]
+        for d in ("driver", "agent"):
+            for i in range(n):
+                off = 5.0 + 430.0 * i / n
+                phase = _phase_of(off, timeline)
+                wait = (250.0 - off if phase == "prefill" else 14.0 - (off % 14.0)) * k + 0.3
+                rows.append(cancel_row(f"{m}-{d}-{i:03d}", wait, host="vm", workload="text", phase=phase,
+                                       mechanism=m, delivery=d, offset_ms=off, reference_ms=481.0, engine="text",
+                                       settle_ms=0.1, native_call_at_receipt="llama_decode"))
+    return rows
+
+
+SPEECH = {  # workload: (engine, timeline, mechanisms)
+    "tts-fixture": ("tts", [("prompt", 0.0, 9.0), ("generate", 9.0, 130.0), ("code2wav", 130.0, 205.0)],
+                    ("between_calls", "abort_callback", "graph_eval")),
+    "stt-fixture": ("stt", [("preprocess", 0.0, 20.0), ("encode", 20.0, 87.0), ("decode_embd", 87.0, 112.0),
+                            ("generate", 112.0, 160.0)], ("between_calls", "abort_callback", "graph_eval")),
+}
+
+
+def speech_rows(n: int = 24, hosts: tuple[str, ...] = ("hostA", "hostB")) -> list[dict]:
+    """Two devices, the TTS and STT workloads: graph_eval stops inside the
+    heavy graphs (code2wav, encode), the other mechanisms wait them out."""
+    rows = []
+    for h in hosts:
+        for w, (engine, timeline, mechanisms) in SPEECH.items():
+            for m in mechanisms:
+                rows += [reference_row(f"{h}-{w}-ref-{m}-{i}", timeline, host=h, workload=w, mechanism=m,
+                                       engine=engine) for i in range(3)]
+                for i in range(n):
+                    off = 1.0 + timeline[-1][2] * i / n
+                    phase = _phase_of(off, timeline)
+                    a, b = next((a, b) for p, a, b in timeline if p == phase)
+                    heavy = phase in ("code2wav", "encode") and m != "graph_eval"
+                    residue = (b - (off - 1.0)) if heavy else 0.5
+                    rows.append(cancel_row(f"{h}-{w}-{m}-{i:03d}", residue + 0.2, host=h, workload=w, phase=phase,
+                                           mechanism=m, delivery="agent", offset_ms=off, engine=engine,
+                                           reference_ms=timeline[-1][2] + 1.0, settle_ms=0.2,
+                                           native_call_at_receipt="graph"))
     return rows
 
 

@@ -7,6 +7,7 @@ every verdict is a known answer; the seeded-noise test uses fixed seeds."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -52,6 +53,21 @@ def test_scaled_up_latency_is_a_regression(tmp_path, capsys):
     assert md.startswith("## cancelbench diff: REGRESSED")
     first_row = [line for line in md.splitlines() if line.startswith("| ")][1]
     assert first_row.startswith("| REGRESSED |")
+
+
+def test_html_overlays_baseline_and_candidate_ecdfs_of_changed_cells(tmp_path):
+    base = sweep(tmp_path, "base", grid(600), extra=cell_rows("bp", grid(600), host="mac1", phase="prefill")
+                 + cell_rows("bq", grid(600), host="mac1", phase="idle"))
+    cand = sweep(tmp_path, "cand", grid(600, 1.5), extra=cell_rows("cp", grid(600, 0.5), host="mac1", phase="prefill")
+                 + cell_rows("cq", grid(600), host="mac1", phase="idle"))
+    out = tmp_path / "diff.html"
+    assert reports_main(["diff", str(base), str(cand), "--format", "json", "--html", str(out)]) == 1
+    page = out.read_text(encoding="utf-8")
+    # two changed cells (decode regressed, prefill improved), each with both lines; the unchanged idle cell has none
+    assert sorted(re.findall(r'id="(diff-(?:base|cand)-\d+)"', page)) == \
+        ["diff-base-0", "diff-base-1", "diff-cand-0", "diff-cand-1"]
+    assert "regressed: tts · decode" in page and "improved: tts · prefill" in page and "idle" in page
+    assert "<script" not in page and "default-src 'none'" in page
 
 
 def test_scaled_down_latency_is_an_improvement(tmp_path):
