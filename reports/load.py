@@ -125,7 +125,7 @@ def load_plot_samples(dirs: list[str | Path], filters: Filters = Filters()) -> p
 
     f = Filters(workloads=filters.workloads, backends=filters.backends, hosts=filters.hosts,
                 trial_kinds=("cancel",), outcomes=("cancelled",))
-    return samples_frame(prepare_table(scan_table(dirs, PLOT_SOURCE_COLUMNS, f)).to_pandas())
+    return samples_frame(prepare_table(scan_table(dirs, PLOT_SOURCE_COLUMNS, f), dictionary=False))
 
 
 def load_references(dirs: list[str | Path], filters: Filters = Filters()) -> pd.DataFrame:

@@ -24,19 +24,20 @@ import re
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
 
 from . import stats
 
-MAX_ECDF_POINTS = 1000  # per line
-MAX_SCATTER_POINTS = 20000  # per page
+MAX_ECDF_POINTS = 400  # per line: evenly in rank, the step shape survives
+MAX_SCATTER_POINTS = 6000  # per page
 MAX_PANEL_COLUMNS = 4
 MAX_PANEL_ROWS = 6
 MAX_DOT_ROWS = 48
 N_BOOT = 1000
 SPEECH_ENGINES = ("tts", "stt")
-SAMPLE_COLUMNS = ["workload", "engine", "device_key", "mechanism", "phase", "latency_ms", "offset_actual_ms",
-                  "residue_ms"]
 
 
 def plot_label(text: object) -> str:
@@ -50,7 +51,8 @@ def svg_text(fig: Figure, name: str) -> str:
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": name, "text.usetex": False,
                                 "font.family": "sans-serif"}):
-        fig.savefig(buf, format="svg", dpi=100, bbox_inches="tight", metadata={"Date": None})
+        # No bbox_inches="tight": it draws the figure twice; margins are set in inches (``margins``) instead.
+        fig.savefig(buf, format="svg", dpi=100, metadata={"Date": None})
     text = buf.getvalue()
     return text[text.index("<svg"):]  # drop the XML prolog and doctype: invalid inside HTML
 
@@ -62,23 +64,26 @@ def even_sample(sorted_values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarr
     return sorted_values[idx], (idx + 1) / n
 
 
-def samples_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """Latency samples of a prepared frame (outcome cancelled, latency
-    present).  ``residue_ms`` = how long the native call in flight at receipt
-    ran on (latency - settle), NaN when no call was in flight."""
-    ok = ((frame["outcome"] == "cancelled") & frame["latency_ms"].notna()).to_numpy()
-    f = frame.loc[ok]
-    in_call = f["native_call_at_receipt"].notna() & f["settle_ms"].notna()
-    out = pd.DataFrame({
-        "workload": f["workload"], "engine": f["engine"].astype(object).where(f["engine"].notna(), ""),
-        "device_key": f["device_key"], "mechanism": f["mechanism"], "phase": f["phase"],
-        "latency_ms": f["latency_ms"].astype(float), "offset_actual_ms": f["offset_actual_ms"].astype(float),
-        "residue_ms": (f["latency_ms"] - f["settle_ms"]).where(in_call).astype(float),
-    })
-    for col in ("workload", "engine", "device_key", "mechanism", "phase"):  # name order, not appearance order
-        s = out[col].astype(str).astype("category")
+def samples_frame(table: pa.Table) -> pd.DataFrame:
+    """Latency samples of a prepared Arrow table (outcome cancelled, latency
+    present), built in Arrow so a million rows cost little.  ``residue_ms`` =
+    how long the native call in flight at receipt ran on (latency - settle),
+    null when no call was in flight.  Label columns become categoricals with
+    their categories in name order (plots follow it)."""
+    t = table.filter(pc.and_(pc.equal(table["outcome"].cast(pa.string()), "cancelled"),
+                             pc.is_valid(table["latency_ms"])))
+    in_call = pc.and_(pc.is_valid(t["native_call_at_receipt"]), pc.is_valid(t["settle_ms"]))
+    labels = {c: t[c] for c in ("workload", "device_key", "mechanism", "phase")}
+    labels["engine"] = pc.fill_null(t["engine"].cast(pa.string()), "")
+    out = pa.table({
+        **{c: pc.dictionary_encode(v.cast(pa.string())) for c, v in labels.items()},
+        "latency_ms": t["latency_ms"], "offset_actual_ms": t["offset_actual_ms"],
+        "residue_ms": pc.if_else(in_call, pc.subtract(t["latency_ms"], t["settle_ms"]), pa.scalar(None, pa.float64())),
+    }).to_pandas()
+    for col in labels:
+        s = out[col].cat.remove_unused_categories()
         out[col] = s.cat.reorder_categories(sorted(s.cat.categories))
-    return out.reset_index(drop=True)
+    return out
 
 
 def mechanism_colors(samples: pd.DataFrame) -> dict[str, str]:
@@ -93,8 +98,16 @@ def _panels(samples: pd.DataFrame) -> tuple[list[str], list[str]]:
     return workloads, devices
 
 
+def margins(fig: Figure, left: float = 0.7, bottom: float = 0.55, top: float = 0.5, right: float = 0.2,
+            hspace: float = 0.45, wspace: float = 0.25) -> None:
+    """Figure margins in inches (fixed room for tick labels, titles and the legend)."""
+    w, h = fig.get_figwidth(), fig.get_figheight()
+    fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h, hspace=hspace,
+                        wspace=wspace)
+
+
 def _grid(n_rows: int, n_cols: int, height: float, **kw):
-    fig = Figure(figsize=(min(13.5, 3.4 * n_cols + 0.6), height * n_rows + 0.8))
+    fig = Figure(figsize=(min(13.5, 3.4 * n_cols + 0.9), height * n_rows + 1.0))
     return fig, fig.subplots(n_rows, n_cols, squeeze=False, **kw)
 
 
@@ -130,11 +143,12 @@ def plot_ecdf(samples: pd.DataFrame, spec) -> str:
             if wi == len(workloads) - 1:
                 ax.set_xlabel("latency_ms (log)", fontsize=8)
     axes[0][0].set_xscale("log")
+    axes[0][0].xaxis.set_minor_locator(NullLocator())  # shared axis: no minor ticks anywhere (size, speed)
     handles = [axes[0][0].plot([], [], color=c, label=plot_label(m))[0] for m, c in colors.items()]
     handles.append(axes[0][0].plot([], [], color="#555", linestyle="--", label="bound")[0])
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 1.0))
-    fig.subplots_adjust(top=1 - 0.55 / fig.get_figheight())
+    margins(fig)
     return svg_text(fig, "ecdf")
 
 
@@ -150,8 +164,11 @@ def plot_dots(samples: pd.DataFrame, spec, seed: int = 0) -> str:
     groups = list(_groups(samples, ["workload", "device_key", "mechanism"]).items())[:MAX_DOT_ROWS]
     need = stats.min_samples(spec.bound_percentile, spec.confidence)
     bl = stats.percentile_label(spec.bound_percentile)
-    fig = Figure(figsize=(9, 0.9 + 0.32 * max(1, len(groups))))
+    labels = [plot_label(f"{d} · {m} · {w}") for (w, d, m), _ in groups]
+    left = 0.3 + 0.062 * max((len(t) for t in labels), default=10)  # ~inches of 8 pt text
+    fig = Figure(figsize=(6.5 + left, 1.0 + 0.3 * max(1, len(groups))))
     ax = fig.add_subplot()
+    margins(fig, left=left, top=0.15, bottom=0.6)
     rng = np.random.default_rng(seed)
     for row, ((w, d, m), idx) in enumerate(groups):
         x = np.sort(lat[idx])
@@ -160,7 +177,7 @@ def plot_dots(samples: pd.DataFrame, spec, seed: int = 0) -> str:
             v, lo, hi = _interval(x, p, rng)
             ax.errorbar([v], [row], xerr=[[v - lo], [hi - v]], fmt=marker, color=colors[m], capsize=2,
                         markersize=5, markerfacecolor="white" if marker == "D" else colors[m])
-    ax.set_yticks(range(len(groups)), [plot_label(f"{d} · {m} · {w}") for (w, d, m), _ in groups], fontsize=8)
+    ax.set_yticks(range(len(groups)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel(f"latency_ms (log): ● p50, ◇ {bl} (max where n < {need}); bars: 95% bootstrap interval", fontsize=8)
@@ -217,8 +234,8 @@ def plot_offsets(samples: pd.DataFrame, refs: pd.DataFrame, seed: int = 0) -> st
             for m in colors:
                 idx = groups.get((w, d, m))
                 if idx is not None:
-                    ax.scatter(off[idx], lat[idx], s=5, alpha=0.7, color=colors[m], rasterized=len(idx) > 2000,
-                               zorder=2)
+                    ax.scatter(off[idx], lat[idx], s=5, alpha=0.7, color=colors[m], rasterized=len(off) > 1500,
+                               zorder=2)  # many points: one embedded PNG per panel, not a vector marker each
             ax.set_title(plot_label(f"{d} · {w}"), fontsize=9, pad=12)
             ax.grid(True, alpha=0.3)
             if di == 0:
@@ -227,7 +244,7 @@ def plot_offsets(samples: pd.DataFrame, refs: pd.DataFrame, seed: int = 0) -> st
     handles = [axes[0][0].scatter([], [], s=12, color=c, label=plot_label(m)) for m, c in colors.items()]
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 1.0))
-    fig.subplots_adjust(top=1 - 0.6 / fig.get_figheight(), hspace=0.6)
+    margins(fig, top=0.65, hspace=0.6, wspace=0.3)
     return svg_text(fig, "offsets")
 
 
@@ -239,32 +256,37 @@ def uninterruptible_shares(samples: pd.DataFrame, refs: pd.DataFrame) -> pd.Data
     stops at the next graph node waits ~0."""
     sp = samples[samples["engine"].isin(SPEECH_ENGINES) & samples["residue_ms"].notna()]
     if sp.empty or refs is None or refs.empty:
-        return pd.DataFrame(columns=["workload", "device_key", "phase", "mechanism", "share", "n"])
+        return pd.DataFrame(columns=["workload", "device_key", "phase", "mechanism", "share", "n", "order"])
     durations: dict[tuple, list[float]] = {}
+    order: dict[str, int] = {}  # phases in run order (the durations' key order)
     for r in refs[refs["phase_durations_json"].notna()].itertuples():
         try:
             phases = json.loads(r.phase_durations_json)
         except ValueError:
             continue
-        for phase, ms in phases.items() if isinstance(phases, dict) else ():
+        for k, (phase, ms) in enumerate(phases.items() if isinstance(phases, dict) else ()):
+            order.setdefault(str(phase), k)
             durations.setdefault((str(r.workload), str(r.device_key), str(r.mechanism), str(phase)), []).append(ms)
     rows = []
     for (w, d, ph, m), g in sp.groupby(["workload", "device_key", "phase", "mechanism"], observed=True, sort=True):
         ref = durations.get((str(w), str(d), str(m), str(ph)))
         if ref and float(np.median(ref)) > 0:
             share = min(1.0, float(g["residue_ms"].mean()) / (float(np.median(ref)) / 2))
-            rows.append((str(w), str(d), str(ph), str(m), share, len(g)))
-    return pd.DataFrame(rows, columns=["workload", "device_key", "phase", "mechanism", "share", "n"])
+            rows.append((str(w), str(d), str(ph), str(m), share, len(g), order.get(str(ph), 99)))
+    return pd.DataFrame(rows, columns=["workload", "device_key", "phase", "mechanism", "share", "n", "order"])
+
+
+MAX_BAR_PANELS = 8
 
 
 def plot_uninterruptible(shares: pd.DataFrame, colors: dict[str, str]) -> str:
-    panels = list(shares.groupby(["workload", "device_key"], sort=True))[:MAX_PANEL_ROWS * MAX_PANEL_COLUMNS]
-    cols = min(len(panels), 2)
+    panels = list(shares.groupby(["workload", "device_key"], sort=True))[:MAX_BAR_PANELS]
+    cols = min(len(panels), 4)
     fig, axes = _grid((len(panels) + cols - 1) // cols, cols, 2.8, sharey=True)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     for ax, ((w, d), g) in zip(axes.flat, panels):
-        phases = sorted(g["phase"].unique())
+        phases = list(g.sort_values(["order", "phase"])["phase"].drop_duplicates())
         mechs = [m for m in colors if m in set(g["mechanism"])]
         width = 0.8 / max(1, len(mechs))
         for k, m in enumerate(mechs):
@@ -277,7 +299,10 @@ def plot_uninterruptible(shares: pd.DataFrame, colors: dict[str, str]) -> str:
         ax.set_title(plot_label(f"{d} · {w}"), fontsize=9)
         ax.set_ylabel("uninterruptible share", fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
+    handles = [axes[0][0].bar([0], [0], width=0, color=c, label=plot_label(m)) for m, c in colors.items()]
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 1.0))
+    margins(fig, hspace=0.5)
     return svg_text(fig, "uninterruptible")
 
 
@@ -308,5 +333,5 @@ def plot_diff_ecdfs(cells: list, samples: dict, bound_of) -> str:
         ax.set_xlabel("latency_ms (log)", fontsize=8)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
-    fig.subplots_adjust(hspace=0.7)
+    margins(fig, top=0.55, hspace=0.8, wspace=0.3)
     return svg_text(fig, "diff")

@@ -102,6 +102,16 @@ def _require_browser() -> str:
     return path
 
 
+def test_missing_browser_fails_when_required(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setenv("CANCELBENCH_REQUIRE_BROWSER", "1")
+    with pytest.raises(pytest.fail.Exception, match="CANCELBENCH_REQUIRE_BROWSER=1"):
+        _require_browser()
+    monkeypatch.delenv("CANCELBENCH_REQUIRE_BROWSER")
+    with pytest.raises(pytest.skip.Exception):
+        _require_browser()
+
+
 @pytest.fixture
 def chromium(tmp_path):
     browser = HeadlessChromium(_require_browser(), tmp_path / "profile")
@@ -134,19 +144,20 @@ FIRST_SCREEN = """JSON.stringify((() => {
 })())"""
 
 
-def _first_screen(chromium, page: Path, shot: Path) -> dict:
+def _first_screen(chromium, tmp_path: Path, rows: list[dict], workloads: list[str]) -> tuple[dict, Path]:
+    """Write the dataset, render report.html through the CLI, open it at
+    1400x900, check the first screen; the DOM state and the page for more checks."""
     import json
 
+    import matplotlib.image
+
+    page, shot = tmp_path / "report.html", tmp_path / "first-screen.png"
+    assert reports_main(["report", str(write_dataset(tmp_path / "data", rows)), "--html", str(page),
+                         "--format", "json"]) == 0
     chromium.open(page.resolve().as_uri())
     state = json.loads(chromium.evaluate(FIRST_SCREEN))
     chromium.screenshot(shot)
     assert chromium.console_problems() == []
-    return state
-
-
-def _assert_first_screen(state: dict, shot: Path, workloads: list[str]) -> None:
-    import matplotlib.image
-
     assert state["viewport"] == [1400, 900]
     left, top, right, bottom = state["verdict"]
     assert 0 <= top and bottom <= 900 and right <= 1400
@@ -156,6 +167,7 @@ def _assert_first_screen(state: dict, shot: Path, workloads: list[str]) -> None:
     assert 0 <= top and bottom <= 900 and right <= 1400, state["compare"][0]["box"]
     pixels = matplotlib.image.imread(shot)
     assert pixels.shape[:2] == (900, 1400) and pixels.std() > 0.05  # a real, non-blank screen
+    return state, page
 
 
 def _lines_per_panel(ids: list[str]) -> dict[str, list[str]]:
@@ -168,11 +180,7 @@ def _lines_per_panel(ids: list[str]) -> dict[str, list[str]]:
 
 @pytest.mark.browser
 def test_demo_report_first_screen_in_chromium(chromium, tmp_path):
-    data = write_dataset(tmp_path / "demo", demo_like_rows())
-    page = tmp_path / "report.html"
-    assert reports_main(["report", str(data), "--html", str(page), "--format", "json"]) == 0
-    state = _first_screen(chromium, page, tmp_path / "first-screen.png")
-    _assert_first_screen(state, tmp_path / "first-screen.png", ["text"])
+    state, _ = _first_screen(chromium, tmp_path, demo_like_rows(), ["text"])
     assert state["verdictText"].startswith("WARN: no dropped cancels or lost trials")
     rows = state["compare"][0]["rows"]
     assert [r[:2] for r in rows] == [[m, d] for m in ("abort_callback", "between_calls", "chunked")
@@ -185,11 +193,7 @@ def test_demo_report_first_screen_in_chromium(chromium, tmp_path):
 
 @pytest.mark.browser
 def test_two_device_speech_report_first_screen_in_chromium(chromium, tmp_path):
-    data = write_dataset(tmp_path / "speech", speech_rows())
-    page = tmp_path / "report.html"
-    assert reports_main(["report", str(data), "--html", str(page), "--format", "json"]) == 0
-    state = _first_screen(chromium, page, tmp_path / "first-screen.png")
-    _assert_first_screen(state, tmp_path / "first-screen.png", ["stt-fixture", "tts-fixture"])
+    state, page = _first_screen(chromium, tmp_path, speech_rows(), ["stt-fixture", "tts-fixture"])
     assert [r[:2] for r in state["compare"][0]["rows"]] == [["abort_callback", "agent"], ["between_calls", "agent"],
                                                             ["graph_eval", "agent"]]
     # 2 workloads x 2 devices, each panel one line per mechanism
