@@ -55,6 +55,20 @@ def cell(report, workload, phase, device, mechanism=None):
 A, B = "hostA/cpu:0", "hostB/vulkan:0"
 
 
+def test_reports_import_neither_the_orchestrator_nor_ray():
+    """reports/ depends only on the Ray-free contract (schema, sink, fileio), and importing it changes nothing."""
+    import subprocess
+
+    code = ("import os, sys; env = dict(os.environ)\n"
+            "import cancelbench.reports, cancelbench.reports.cli, cancelbench.reports.diff, cancelbench.reports.html\n"
+            "import cancelbench.reports.summary, cancelbench.reports.raydata\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray' "
+            "or m.startswith(('cancelbench.orchestrator', 'cancelbench.device_agents'))))\n"
+            "print(env == dict(os.environ))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == ["[]", "True"], out
+
+
 # ------------------------------------------------------------------ stats --
 def test_min_samples_formula_and_known_values():
     assert [stats.min_samples(p) for p in (0.5, 0.9, 0.99)] == [5, 29, 299]
