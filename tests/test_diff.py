@@ -102,6 +102,16 @@ def test_significant_but_small_shift_is_unchanged(tmp_path):
     assert d.verdict == "regressed"
 
 
+def test_cli_threshold_is_a_fraction(tmp_path, capsys):
+    """--threshold 0.02 means 2% (the README and --help say so): a 5% shift regresses; the default 0.10 does not."""
+    base, cand = sweep(tmp_path, "b", grid(600)), sweep(tmp_path, "c", grid(600, 1.05))
+    assert reports_main(["diff", str(base), str(cand), "--format", "json", "--threshold", "0.02"]) == 1
+    assert json.loads(capsys.readouterr().out)["rel_threshold"] == 0.02
+    assert reports_main(["diff", str(base), str(cand), "--format", "json"]) == 0
+    assert reports_main(["diff", str(base), str(cand), "--format", "json", "--threshold", "5"]) == 0  # 500%
+    capsys.readouterr()
+
+
 def test_significant_but_small_improvement_is_unchanged(tmp_path):
     d = only(run_diff([sweep(tmp_path, "b", grid(600))], [sweep(tmp_path, "c", grid(600, 0.95))]))
     assert d.ci_high_ms < 0  # the drop is real ...
