@@ -99,20 +99,23 @@ def run_report(args: argparse.Namespace) -> int:
     try:
         spec = ReportSpec(bound=_bound_spec(args), bound_percentile=args.bound_percentile, confidence=args.confidence)
         filters = _filters(args)
+        html = args.format == "html" or bool(args.html)
         if args.engine == "ray":
+            from .load import load_plot_samples
             from .raydata import build_report_ray
 
             report = build_report_ray(args.dirs, spec, filters, address=args.ray_address)
+            report.samples = load_plot_samples(args.dirs, filters) if html else None
         else:
-            report = build_report(args.dirs, spec, filters)
+            report = build_report(args.dirs, spec, filters, with_samples=html)  # one scan for tables and plots
         renders = {"terminal": lambda: to_terminal(report, args.max_defects),
                    "markdown": lambda: to_markdown(report, args.max_defects),
                    "json": lambda: to_json(report)}
-        if args.format == "html" or args.html:
+        if html:
             from .html import to_html
-            from .load import load_plot_samples, load_references
+            from .load import load_references
 
-            page = to_html(report, load_plot_samples(args.dirs, filters), load_references(args.dirs, filters))
+            page = to_html(report, report.samples, load_references(args.dirs, filters))
             renders["html"] = lambda: page
             if args.html:
                 _write(args.html, page)

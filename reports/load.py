@@ -55,6 +55,7 @@ class Filters:
 class Loaded:
     frame: pd.DataFrame
     dirs: list[str] = field(default_factory=list)
+    samples: pd.DataFrame | None = None  # plot samples (``plots.samples_frame``) when asked for
 
 
 def open_many(dirs: list[str | Path]) -> list[ds.Dataset]:
@@ -84,21 +85,28 @@ def scan_table(dirs: list[str | Path], columns: list[str], filters: Filters = Fi
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
-def load_frame(dirs: list[str | Path], columns: list[str] | None = None, filters: Filters = Filters()) -> Loaded:
+def load_frame(dirs: list[str | Path], columns: list[str] | None = None, filters: Filters = Filters(),
+               with_samples: bool = False) -> Loaded:
     """Read the report columns as a *prepared* DataFrame (cell key columns
     added, see ``tables.prepare_table``); an empty selection is an error (a
-    report over nothing would pass CI silently)."""
+    report over nothing would pass CI silently).  ``with_samples`` also
+    reads the plot columns and returns the plots' latency samples from the
+    same scan (``Loaded.samples``)."""
+    from .plots import samples_frame
     from .tables import prepare_table
 
-    columns = columns or TABLE_COLUMNS
+    columns = list(columns or TABLE_COLUMNS)
+    if with_samples:
+        columns += [c for c in PLOT_SOURCE_COLUMNS if c not in columns]
     table = scan_table(dirs, columns, filters)
     if table.num_rows == 0:
         raise DatasetError(f"{', '.join(map(str, dirs))}: no cancel records (empty dataset or filters match nothing)")
     table = prepare_table(table)
+    samples = samples_frame(table) if with_samples else None
     # self_destruct frees each Arrow column once converted: peak memory ~ one copy, not two
     frame = table.to_pandas(split_blocks=True, self_destruct=True)
     del table
-    return Loaded(frame=frame, dirs=[str(d) for d in dirs])
+    return Loaded(frame=frame, dirs=[str(d) for d in dirs], samples=samples)
 
 
 def records_dirs(dirs: list[str | Path]) -> list[str]:

@@ -76,7 +76,7 @@ def samples_frame(table: pa.Table) -> pd.DataFrame:
     labels = {c: t[c] for c in ("workload", "device_key", "mechanism", "phase")}
     labels["engine"] = pc.fill_null(t["engine"].cast(pa.string()), "")
     out = pa.table({
-        **{c: pc.dictionary_encode(v.cast(pa.string())) for c, v in labels.items()},
+        **{c: v if pa.types.is_dictionary(v.type) else pc.dictionary_encode(v) for c, v in labels.items()},
         "latency_ms": t["latency_ms"], "offset_actual_ms": t["offset_actual_ms"],
         "residue_ms": pc.if_else(in_call, pc.subtract(t["latency_ms"], t["settle_ms"]), pa.scalar(None, pa.float64())),
     }).to_pandas()

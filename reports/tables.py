@@ -356,6 +356,7 @@ class Report:
     devices: list[DeviceInfo]
     defects: pd.DataFrame
     n_records: int
+    samples: pd.DataFrame | None = None  # latency samples for the plots, when built with them
 
     @property
     def over(self) -> list[CellStats]:

@@ -82,6 +82,16 @@ def test_plot_text_stays_searchable_text_and_escaped(page):
     assert "&lt;script&gt;" in svg and "<script" not in svg.lower()
 
 
+def test_plot_samples_from_the_report_scan_equal_a_separate_scan(hostile_dataset, tmp_path):
+    import pandas as pd
+
+    d = write_dataset(tmp_path / "speech", speech_rows(n=6))
+    for data in (d, hostile_dataset):
+        one_scan = build_report([data], with_samples=True).samples
+        assert len(one_scan) > 0 and one_scan["residue_ms"].notna().any() == (data == d)
+        pd.testing.assert_frame_equal(one_scan, load_plot_samples([data]))
+
+
 def test_mathtext_and_control_chars_in_labels_do_not_break_plots(tmp_path):
     rows = cell_rows("m", [1.0, 2.0, 3.0, 4.0, 5.0], host="hostB", phase="$x^{$", workload="w\nx")
     d = write_dataset(tmp_path / "m", rows)
