@@ -48,19 +48,9 @@ def cmd_sweep(args) -> int:
           f"({', '.join(f'{k} {v}' for k, v in sorted(result.outcomes.items()))})"
           + (f"; {len(result.not_run)} not run" if result.not_run else ""))
     if not args.no_summary:
-        from cancelbench.reports import build_report
-        from cancelbench.reports.format import to_terminal
-        from cancelbench.reports.html import to_html
-        from cancelbench.reports.load import load_plot_samples
-        from cancelbench.reports.summary import summary_text
+        from cancelbench.reports.summary import write_sweep_reports
 
-        print(summary_text([result.out_dir]))
-        report = build_report([result.out_dir])
-        (result.out_dir / "report.txt").write_text(to_terminal(report))
-        page = result.out_dir / "report.html"
-        page.write_text(to_html(report, load_plot_samples([result.out_dir])))
-        print(f"per-phase cross-platform report: {result.out_dir / 'report.txt'} (cancelbench report "
-              f"{result.out_dir}); plots: {page}")
+        print(write_sweep_reports(result.out_dir), end="")
     return result.exit_code
 
 

@@ -25,18 +25,24 @@ def load_defects(dirs: list[str | Path], filters: Filters) -> pd.DataFrame:
 
 
 def build_report(dirs: list[str | Path], spec: ReportSpec = ReportSpec(), filters: Filters = Filters(),
-                 engine: str = "pandas") -> Report:
+                 engine: str = "pandas", with_samples: bool = False) -> Report:
+    """``with_samples``: also keep the plots' latency samples (``Report.samples``), from the same scan."""
     if engine == "ray":
+        from .load import load_plot_samples
         from .raydata import build_report_ray
 
-        return build_report_ray(dirs, spec, filters)
+        report = build_report_ray(dirs, spec, filters)
+        report.samples = load_plot_samples(dirs, filters) if with_samples else None
+        return report
     if engine != "pandas":
         raise ValueError(f"unknown engine {engine!r}")
-    loaded = load_frame(dirs, TABLE_COLUMNS, filters)
+    loaded = load_frame(dirs, TABLE_COLUMNS, filters, with_samples=with_samples)
     frame = loaded.frame
     return Report(
-        spec=spec, dirs=loaded.dirs, cells=aggregate_cells(frame, spec), hops=aggregate_hops(frame),
+        spec=spec, dirs=loaded.dirs, cells=aggregate_cells(frame, spec),
+        pooled=aggregate_cells(frame, spec, pool_phases=True), hops=aggregate_hops(frame),
         devices=device_infos(frame), defects=load_defects(dirs, filters), n_records=len(frame),
+        samples=loaded.samples,
     )
 
 

@@ -99,20 +99,23 @@ def run_report(args: argparse.Namespace) -> int:
     try:
         spec = ReportSpec(bound=_bound_spec(args), bound_percentile=args.bound_percentile, confidence=args.confidence)
         filters = _filters(args)
+        html = args.format == "html" or bool(args.html)
         if args.engine == "ray":
+            from .load import load_plot_samples
             from .raydata import build_report_ray
 
             report = build_report_ray(args.dirs, spec, filters, address=args.ray_address)
+            report.samples = load_plot_samples(args.dirs, filters) if html else None
         else:
-            report = build_report(args.dirs, spec, filters)
+            report = build_report(args.dirs, spec, filters, with_samples=html)  # one scan for tables and plots
         renders = {"terminal": lambda: to_terminal(report, args.max_defects),
                    "markdown": lambda: to_markdown(report, args.max_defects),
                    "json": lambda: to_json(report)}
-        if args.format == "html" or args.html:
+        if html:
             from .html import to_html
-            from .load import load_plot_samples
+            from .load import load_references
 
-            page = to_html(report, load_plot_samples(args.dirs, filters))
+            page = to_html(report, report.samples, load_references(args.dirs, filters))
             renders["html"] = lambda: page
             if args.html:
                 _write(args.html, page)
@@ -133,14 +136,17 @@ def add_diff_parser(subparsers) -> argparse.ArgumentParser:
         description="Compare a candidate sweep with a baseline. Exit 1 on regression, 0 otherwise, 2 on bad input.")
     p.add_argument("baseline", metavar="BASELINE", help="baseline sweep directory")
     p.add_argument("candidate", metavar="CANDIDATE", help="candidate sweep directory")
-    p.add_argument("--format", choices=("terminal", "markdown", "json"), default="terminal",
-                   help="what goes to stdout (default terminal; markdown is the CI comment)")
+    p.add_argument("--format", choices=("terminal", "markdown", "json", "html"), default="terminal",
+                   help="what goes to stdout (default terminal; markdown is the CI comment; html overlays the "
+                        "baseline and candidate ECDFs of every changed cell)")
     p.add_argument("--markdown", metavar="PATH", help="also write the Markdown comment here")
     p.add_argument("--json", metavar="PATH", help="also write the JSON verdict here")
+    p.add_argument("--html", metavar="PATH", help="also write the HTML page here")
     p.add_argument("--percentile", type=_percent, default=0.99, metavar="PCT",
                    help="percentile whose change is tested (default 99)")
-    p.add_argument("--threshold", type=_positive, default=0.10,
-                   help="relative increase that counts as a regression when significant (default 0.10)")
+    p.add_argument("--threshold", type=_positive, default=0.10, metavar="FRACTION",
+                   help="relative change of the percentile that counts when significant, as a fraction: "
+                        "0.10 = 10%% (default 0.10)")
     p.add_argument("--bootstrap", type=int, default=4000, help="bootstrap replicates (default 4000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--map-class", action="append", default=[], metavar="BASELINE_CLASS=CANDIDATE_CLASS",
@@ -161,11 +167,13 @@ def run_diff_cmd(args: argparse.Namespace) -> int:
                         n_boot=args.bootstrap, seed=args.seed, bound=_bound_spec(args),
                         class_map=parse_class_map(args.map_class))
         result = run_diff([args.baseline], [args.candidate], spec, _filters(args))
-        renders = {"terminal": diff_to_terminal, "markdown": diff_to_markdown, "json": diff_to_json}
-        if args.markdown:
-            _write(args.markdown, diff_to_markdown(result))
-        if args.json:
-            _write(args.json, diff_to_json(result))
+        from .html import diff_to_html
+
+        renders = {"terminal": diff_to_terminal, "markdown": diff_to_markdown, "json": diff_to_json,
+                   "html": diff_to_html}
+        for path, form in ((args.markdown, "markdown"), (args.json, "json"), (args.html, "html")):
+            if path:
+                _write(path, renders[form](result))
         sys.stdout.write(renders[args.format](result))
     except (DatasetError, ValueError, OSError) as exc:
         return _fail("diff", exc)

@@ -34,8 +34,8 @@ import pandas as pd
 from cancelbench.sink import DatasetError
 
 from . import stats
-from .format import (MARKDOWN_LIMIT, Section, fmt_ms, jsonable, markdown_document, md_safe,
-                     render_terminal_table, term_safe)
+from .format import MARKDOWN_LIMIT, jsonable, markdown_document, md_safe, render_terminal_table, term_safe
+from .sections import Section, fmt_ms
 from .load import TABLE_COLUMNS, Filters, load_frame
 from .tables import ROW_KEYS, BoundSpec, ReportSpec, summarize_cell_arrays
 
@@ -101,6 +101,9 @@ class DiffResult:
     cells: list[CellDiff]
     baseline_only_classes: list[str]
     candidate_only_classes: list[str]
+    # sorted latencies (baseline, candidate; None for a side without the cell) of the regressed and improved
+    # cells, for the HTML page's overlaid ECDFs
+    samples: dict[tuple, tuple[np.ndarray | None, np.ndarray | None]] = field(default_factory=dict)
 
     @property
     def regressed(self) -> list[CellDiff]:
@@ -243,12 +246,16 @@ def run_diff(baseline: list[str | Path], candidate: list[str | Path], spec: Diff
             cells.append(_one_sided(key, base[key], "missing", base_class, spec))
     order = {"regressed": 0, "insufficient": 2, "improved": 3, "new": 4, "missing": 5, "unchanged": 6}
     cells.sort(key=lambda d: (order.get(d.verdict, 9), d.key))
+    samples = {d.key: (base[d.key].sorted_latency if d.key in base else None,
+                       cand[d.key].sorted_latency if d.key in cand else None)
+               for d in cells if d.verdict in ("regressed", "improved")}
     return DiffResult(spec, [str(p) for p in baseline], [str(p) for p in candidate], cells,
-                      sorted(reverse.get(c, c) for c in base_classes - common), sorted(cand_classes - common))
+                      sorted(reverse.get(c, c) for c in base_classes - common), sorted(cand_classes - common),
+                      samples)
 
 
 # ------------------------------------------------------------- rendering --
-def _section(result: DiffResult) -> Section:
+def diff_section(result: DiffResult) -> Section:
     pl = stats.percentile_label(result.spec.percentile)
     rows = []
     for d in result.cells:
@@ -265,7 +272,7 @@ def _section(result: DiffResult) -> Section:
         f"{result.spec.n_boot} replicates); regression = CI above 0 and > {result.spec.rel_threshold:.0%}, "
         "or new dropped/lost, or newly over the bound",
         ["verdict", "device class", "workload", "phase", "mechanism", "delivery", "n", "p50 ms", f"{pl} ms",
-         f"{pl} change", "CI (ms)", "dropped", "why", "worst candidate trials"], rows)
+         f"{pl} change", "CI (ms)", "dropped", "why", "worst candidate trials"], rows, sid="cells")
 
 
 def diff_headline(result: DiffResult) -> str:
@@ -274,7 +281,7 @@ def diff_headline(result: DiffResult) -> str:
             f"{len(result.cells)} cells: {counts}")
 
 
-def _class_notes(result: DiffResult) -> list[str]:
+def class_notes(result: DiffResult) -> list[str]:
     notes = []
     if result.baseline_only_classes:
         notes.append("not compared (baseline only): " + ", ".join(result.baseline_only_classes))
@@ -286,10 +293,10 @@ def _class_notes(result: DiffResult) -> list[str]:
 
 
 def diff_to_terminal(result: DiffResult) -> str:
-    s = _section(result)
+    s = diff_section(result)
     out = ["cancelbench diff", term_safe(diff_headline(result)),
            term_safe(f"baseline: {', '.join(result.baseline)}  candidate: {', '.join(result.candidate)}"),
-           *(term_safe(n) for n in _class_notes(result)), "", term_safe(s.note)]
+           *(term_safe(n) for n in class_notes(result)), "", term_safe(s.note)]
     out += render_terminal_table(s) if s.rows else ["(no cells)"]
     return "\n".join(out) + "\n"
 
@@ -299,8 +306,8 @@ def diff_to_markdown(result: DiffResult, limit: int = MARKDOWN_LIMIT) -> str:
     unchanged cells."""
     head = [f"## cancelbench diff: {'REGRESSED' if result.exit_code else 'OK'}", "", md_safe(diff_headline(result)),
             "", md_safe(f"baseline: {', '.join(result.baseline)}; candidate: {', '.join(result.candidate)}")]
-    head += ["", *(f"- {md_safe(n)}" for n in _class_notes(result))] if _class_notes(result) else []
-    return markdown_document(head, [_section(result)], [0], limit)
+    head += ["", *(f"- {md_safe(n)}" for n in class_notes(result))] if class_notes(result) else []
+    return markdown_document(head, [diff_section(result)], ["cells"], limit)
 
 
 def diff_dict(result: DiffResult) -> dict:

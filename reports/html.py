@@ -1,47 +1,42 @@
-"""Self-contained HTML report: the same sections as the Markdown form plus
-plots rendered by matplotlib to inline SVG.
+"""Self-contained HTML pages: the report (verdict, mechanism comparison,
+comparison plots, then the detail tables) and the diff (table plus baseline
+vs candidate ECDFs of every changed cell).
 
 * Offline: no scripts, no external resources; a Content-Security-Policy
   forbids every fetch, so a stray reference would fail loudly (console error)
   in the browser test instead of silently phoning home.
-* Every string from the data goes through ``html.escape``; plot labels have
-  ``$`` escaped so matplotlib never parses data as mathtext, and text is drawn
-  as glyph paths (svg.fonttype = path) so data never lands in SVG markup.
-* Plots sample (deterministically) so a million records still render fast.
+* Every string from the data goes through ``html.escape``; plots keep their
+  text as SVG text, which matplotlib escapes (see ``plots.py``).
 """
 
 from __future__ import annotations
 
 import html
-import io
-import re
 
-import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
-from . import stats
-from .format import headline, sections
+from . import plots, stats
+from .sections import NA, OVER, Section, headline, sections
 from .tables import Report
-
-MAX_ECDF_POINTS = 2000  # per device
-MAX_SCATTER_POINTS = 20000
-MAX_BOX_POINTS = 5000  # per device x phase
-MAX_BOX_DEVICES = 12
-PLOT_COLUMNS = ["device_key", "phase", "outcome", "latency_ms", "offset_actual_ms"]
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'none'"
 
 CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#111}
-table{border-collapse:collapse;margin:.5em 0 1.5em}
-th,td{border:1px solid #bbb;padding:.25em .5em;vertical-align:top;font-size:13px;text-align:left}
-th{background:#eee}
-td.cell{font-family:ui-monospace,monospace;white-space:nowrap}
-.over{background:#fdd}
+body{font-family:system-ui,sans-serif;margin:1em 1.5em;color:#111;max-width:1500px}
+h1{font-size:18px;margin:0 0 .3em}h2{font-size:16px;margin:1.2em 0 .3em}
+#verdict{font-size:17px;font-weight:600;margin:.2em 0 .4em}
+.meta,.note{color:#555;font-size:12px;margin:.2em 0 .4em}
+table{border-collapse:collapse;margin:.2em 0 1em}
+th,td{border-bottom:1px solid #ddd;padding:.15em .55em;font-size:13px;text-align:left;white-space:nowrap}
+th{background:#f3f3f3;font-weight:600}
+th.grp{text-align:center;border-left:2px solid #bbb}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;font-family:ui-monospace,monospace}
+td.g0,th.g0{border-left:2px solid #bbb}
+.na{color:#aaa}
+td.over{background:#fde2e2}.mark{color:#b00}
 .verdict-ok{color:#060}.verdict-over_bound{color:#a60}.verdict-defects{color:#b00}
-figure{margin:1em 0}
-figcaption{font-weight:bold;margin-bottom:.3em}
+figure{margin:.8em 0}
+figcaption{font-weight:600;margin-bottom:.3em}
 svg{max-width:100%;height:auto}
 """
 
@@ -50,142 +45,116 @@ def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def plot_label(text: object) -> str:
-    """A data string made inert for matplotlib (no mathtext, no newlines)."""
-    return re.sub(r"[\x00-\x1f\x7f]", "?", str(text)).replace("$", r"\$")
+def _td(text: str, number: bool, first_of_group: bool) -> str:
+    cls = [c for c, on in (("num", number), ("g0", first_of_group), ("over", OVER in text)) if on]
+    body = esc(text)
+    if text == NA:
+        body = f'<span class="na" title="too few samples">{esc(NA)}</span>'
+    elif OVER in text:
+        body = body.replace(esc(OVER), f'<span class="mark" title="over the bound">{esc(OVER)}</span>')
+    return f'<td class="{" ".join(cls)}">{body}</td>' if cls else f"<td>{body}</td>"
 
 
-def _svg(fig: Figure, name: str) -> str:
-    import matplotlib
-
-    buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": name, "text.usetex": False}):
-        fig.savefig(buf, format="svg", dpi=110, bbox_inches="tight", metadata={"Date": None})
-    text = buf.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prolog and doctype: invalid inside HTML
-
-
-def _even_sample(sorted_values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """At most k points of an ECDF, evenly spaced in rank (keeps its shape)."""
-    n = len(sorted_values)
-    idx = np.unique(np.linspace(0, n - 1, min(n, k)).round().astype(int))
-    return sorted_values[idx], (idx + 1) / n
-
-
-def samples_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """Latency samples of a prepared frame (outcome cancelled, latency present)."""
-    ok = (frame["outcome"] == "cancelled") & frame["latency_ms"].notna()
-    out = frame.loc[ok, PLOT_COLUMNS].copy()
-    for col in ("device_key", "phase"):  # plot in name order, not order of appearance
-        s = out[col].astype("category")
-        out[col] = s.cat.reorder_categories(sorted(s.cat.categories, key=str))
-    return out
+def table_html(s: Section) -> str:
+    keys = len(s.headers) if s.key_columns is None else s.key_columns
+    starts = set()
+    col = keys
+    for _, span in s.groups:
+        starts.add(col)
+        col += span
+    if s.groups:
+        head = "".join(f'<th rowspan="2">{esc(h)}</th>' for h in s.headers[:keys])
+        head += "".join(f'<th class="grp" colspan="{span}">{esc(label)}</th>' for label, span in s.groups)
+        leaf = "".join(f'<th class="num{" g0" if i in starts else ""}">{esc(h)}</th>'
+                       for i, h in enumerate(s.headers) if i >= keys)
+        thead = f"<tr>{head}</tr><tr>{leaf}</tr>"
+    else:
+        thead = "<tr>" + "".join(f'<th{" class=num" if i >= keys else ""}>{esc(h)}</th>'
+                                 for i, h in enumerate(s.headers)) + "</tr>"
+    body = "".join("<tr>" + "".join(_td(str(t), i >= keys, i in starts) for i, t in enumerate(row)) + "</tr>"
+                   for row in s.rows)
+    return f'<table id="table-{esc(s.sid)}"><thead>{thead}</thead><tbody>{body}</tbody></table>'
 
 
-def plot_ecdf(samples: pd.DataFrame, bound_ms: float) -> str:
-    fig = Figure(figsize=(8, 4.5))
-    ax = fig.add_subplot()
-    for device, g in samples.groupby("device_key", sort=True, observed=True):
-        x, y = _even_sample(np.sort(g["latency_ms"].to_numpy(dtype=float)), MAX_ECDF_POINTS)
-        ax.step(x, y, where="post", label=plot_label(f"{device} (n={len(g)})"))
-    ax.axvline(bound_ms, color="red", linestyle="--", linewidth=1, label=plot_label(f"bound {bound_ms:g} ms"))
-    if len(samples) and samples["latency_ms"].min() > 0:
-        ax.set_xscale("log")
-    ax.set_xlabel("latency_ms (cancel received -> engine stopped)")
-    ax.set_ylabel("fraction of trials <= x")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    return _svg(fig, "ecdf")
+def section_html(s: Section) -> str:
+    parts = [f'<section id="section-{esc(s.sid)}"><h2>{esc(s.title)}</h2>']
+    if s.note:
+        parts.append(f'<p class="note">{esc(s.note)}</p>')
+    parts.append(table_html(s) if s.rows else "<p>(none)</p>")
+    return "".join(parts) + "</section>"
 
 
-def plot_scatter(samples: pd.DataFrame, seed: int = 0) -> str:
-    if len(samples) > MAX_SCATTER_POINTS:
-        samples = samples.sample(n=MAX_SCATTER_POINTS, random_state=seed)
-    fig = Figure(figsize=(8, 4.5))
-    ax = fig.add_subplot()
-    for phase, g in samples.groupby("phase", sort=True, observed=True):
-        ax.scatter(g["offset_actual_ms"], g["latency_ms"], s=6, alpha=0.6, label=plot_label(phase),
-                   rasterized=True)  # an embedded PNG: 20k vector markers would weigh megabytes
-    ax.set_xlabel("cancel offset from hand-back (offset_actual_ms)")
-    ax.set_ylabel("latency_ms")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, title="phase at receipt", title_fontsize=7)
-    return _svg(fig, "scatter")
-
-
-def plot_boxes(samples: pd.DataFrame, seed: int = 0) -> str:
-    devices = sorted(map(str, samples["device_key"].unique()))[:MAX_BOX_DEVICES]
-    phases = sorted(map(str, samples["phase"].unique()))
-    fig = Figure(figsize=(8, 1.0 + 2.2 * max(1, len(devices))))
-    axes = fig.subplots(max(1, len(devices)), 1, squeeze=False, sharex=True)[:, 0]
-    for ax, device in zip(axes, devices):
-        g = samples[samples["device_key"] == device]
-        data = []
-        for ph in phases:
-            v = g.loc[g["phase"] == ph, "latency_ms"].to_numpy(dtype=float)
-            if len(v) > MAX_BOX_POINTS:
-                v = np.random.default_rng(seed).choice(v, MAX_BOX_POINTS, replace=False)
-            data.append(v)
-        ax.boxplot(data, showfliers=True, flierprops={"markersize": 2})
-        ax.set_title(plot_label(device), fontsize=8)
-        ax.set_ylabel("latency_ms", fontsize=8)
-        ax.grid(True, axis="y", alpha=0.3)
-    axes[-1].set_xticks(range(1, len(phases) + 1), [plot_label(p) for p in phases], rotation=20, fontsize=8)
-    return _svg(fig, "boxes")
-
-
-def _table(headers: list[str], rows: list[list[str]], over_cells: set[tuple[int, int]] = frozenset()) -> str:
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = []
-    for r, row in enumerate(rows):
-        tds = []
-        for c, text in enumerate(row):
-            cls = ["cell"] if "\n" in text else []
-            if (r, c) in over_cells:
-                cls.append("over")
-            attr = f' class="{" ".join(cls)}"' if cls else ""
-            tds.append(f"<td{attr}>" + "<br>".join(esc(line) for line in str(text).split("\n")) + "</td>")
-        body.append("<tr>" + "".join(tds) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-
-
-def to_html(report: Report, samples: pd.DataFrame, max_defects: int = 200) -> str:
-    """The whole page.  ``samples`` comes from ``samples_frame``."""
-    parts = [
+def page(title: str, body: list[str]) -> str:
+    return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',  # a constant, not data
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        "<title>cancelbench report</title>",
-        f"<style>{CSS}</style></head><body>",
+        f"<title>{esc(title)}</title>",
+        f"<style>{CSS}</style></head><body>", *body, "</body></html>"]) + "\n"
+
+
+def figure(fid: str, caption: str, svg: str) -> str:
+    return f'<figure id="{esc(fid)}"><figcaption>{esc(caption)}</figcaption>{svg}</figure>'
+
+
+def report_figures(report: Report, samples: pd.DataFrame, refs: pd.DataFrame | None) -> list[str]:
+    if not len(samples):
+        return ["<p>No latency samples to plot.</p>"]
+    spec = report.spec
+    bl = stats.percentile_label(spec.bound_percentile)
+    out = [
+        figure("plot-ecdf", f"Latency ECDF per mechanism, one panel per device (rows: workload; dashed: the "
+               f"{spec.bound.default_ms:g} ms bound)", plots.plot_ecdf(samples, spec)),
+        figure("plot-dots", f"p50 and {bl} (or max) per device and mechanism, 95% bootstrap intervals",
+               plots.plot_dots(samples, spec)),
+        figure("plot-offsets", "Latency vs cancel offset, coloured by mechanism; shaded: the reference run's phases",
+               plots.plot_offsets(samples, refs)),
+    ]
+    shares = plots.uninterruptible_shares(samples, refs)
+    if len(shares):
+        out.append(figure("plot-uninterruptible", "Speech: uninterruptible share per phase and mechanism (mean "
+                          "residue of the native call in flight / half the phase's reference duration; 1 = the "
+                          "cancel waits the phase out)", plots.plot_uninterruptible(shares,
+                                                                                   plots.mechanism_colors(samples))))
+    return out
+
+
+def to_html(report: Report, samples: pd.DataFrame, refs: pd.DataFrame | None = None, max_defects: int = 200) -> str:
+    """The report page.  ``samples`` comes from ``load.load_plot_samples``,
+    ``refs`` (phase bands, phase durations) from ``load.load_references``."""
+    secs = sections(report, max_defects)
+    compare = [s for s in secs if s.sid.startswith("compare-")]
+    rest = [s for s in secs if not s.sid.startswith("compare-")]
+    body = [
         "<h1>cancelbench report</h1>",
         f'<p id="verdict" class="verdict-{esc(report.verdict)}">{esc(headline(report))}</p>',
-        "<p>Datasets: " + ", ".join(f"<code>{esc(d)}</code>" for d in report.dirs) + "</p>",
+        '<p class="meta">Datasets: ' + ", ".join(f"<code>{esc(d)}</code>" for d in report.dirs) + "</p>",
+        *(section_html(s) for s in compare),
+        *report_figures(report, samples, refs),
+        *(section_html(s) for s in rest),
     ]
-    over_keys = {(c.row_key, c.device) for c in report.over}
-    for i, s in enumerate(sections(report, max_defects)):
-        over_cells: set[tuple[int, int]] = set()
-        if s.title.startswith("Cross-platform"):
-            for r, row in enumerate(s.rows):
-                for c in range(4, len(row)):
-                    if (tuple(row[:4]), s.headers[c]) in over_keys:
-                        over_cells.add((r, c))
-        parts.append(f'<section id="section-{i}"><h2>{esc(s.title)}</h2>')
-        if s.note:
-            parts.append(f"<p>{esc(s.note)}</p>")
-        parts.append(_table(s.headers, s.rows, over_cells) if s.rows else "<p>(none)</p>")
-        parts.append("</section>")
-    if len(samples):
-        bl = stats.percentile_label(report.spec.bound_percentile)
-        figures = [
-            ("plot-ecdf", f"Latency ECDF per device (bound {report.spec.bound.default_ms:g} ms on {bl})",
-             plot_ecdf(samples, report.spec.bound.default_ms)),
-            ("plot-scatter", "Latency vs cancel offset, coloured by phase at receipt", plot_scatter(samples)),
-            ("plot-boxes", "Latency per phase, per device", plot_boxes(samples)),
-        ]
-        for fid, caption, svg in figures:
-            parts.append(f'<figure id="{fid}"><figcaption>{esc(caption)}</figcaption>{svg}</figure>')
+    return page("cancelbench report", body)
+
+
+def diff_to_html(result) -> str:
+    """The diff page: verdict, the cell table, then baseline vs candidate ECDFs of every changed cell."""
+    from .diff import class_notes, diff_headline, diff_section
+
+    body = [
+        "<h1>cancelbench diff</h1>",
+        f'<p id="verdict" class="verdict-{"defects" if result.exit_code else "ok"}">{esc(diff_headline(result))}</p>',
+        f'<p class="meta">baseline: {esc(", ".join(result.baseline))}; candidate: {esc(", ".join(result.candidate))}'
+        "</p>", *(f'<p class="meta">{esc(n)}</p>' for n in class_notes(result)),
+    ]
+    if result.samples:
+        n = len(result.samples)
+        cap = f" (first {plots.MAX_DIFF_PANELS} of {n})" if n > plots.MAX_DIFF_PANELS else ""
+        bound = result.spec.bound
+        body.append(figure("plot-diff", f"Changed cells{cap}: baseline (grey, dashed) vs candidate ECDF; dotted: "
+                           "the bound", plots.plot_diff_ecdfs(result.cells, result.samples,
+                                                              lambda c: bound.for_cell(c.workload, c.phase))))
     else:
-        parts.append("<p>No latency samples to plot.</p>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+        body.append("<p>No cell changed: nothing to overlay.</p>")
+    body.append(section_html(diff_section(result)))
+    return page("cancelbench diff", body)

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from cancelbench.sink import DatasetError, open_dataset, read_manifest
+from cancelbench.sink import DatasetError, open_dataset
 
 # Columns that group cancel rows into cells (before derivation).
 KEY_SOURCE_COLUMNS = ["workload", "phase_at_receipt", "mechanism", "delivery", "host", "backend", "device"]
@@ -20,7 +20,6 @@ KEY_SOURCE_COLUMNS = ["workload", "phase_at_receipt", "mechanism", "delivery", "
 DEVICE_COLUMNS = ["hostname", "device_name", "platform", "arch"]
 VALUE_COLUMNS = ["trial_id", "sweep_id", "outcome", "latency_ms", "cost_ratio"]
 HOP_COLUMNS = ["end_to_end_ms", "deliver_ms", "observe_ms", "return_ms", "settle_ms"]
-PLOT_COLUMNS = ["offset_actual_ms"]
 DEFECT_OUTCOMES = ("dropped", "lost")
 
 TABLE_COLUMNS = sorted(set(KEY_SOURCE_COLUMNS + DEVICE_COLUMNS + VALUE_COLUMNS + HOP_COLUMNS))
@@ -56,7 +55,7 @@ class Filters:
 class Loaded:
     frame: pd.DataFrame
     dirs: list[str] = field(default_factory=list)
-    manifests: list[dict] = field(default_factory=list)
+    samples: pd.DataFrame | None = None  # plot samples (``plots.samples_frame``) when asked for
 
 
 def open_many(dirs: list[str | Path]) -> list[ds.Dataset]:
@@ -86,21 +85,28 @@ def scan_table(dirs: list[str | Path], columns: list[str], filters: Filters = Fi
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
-def load_frame(dirs: list[str | Path], columns: list[str] | None = None, filters: Filters = Filters()) -> Loaded:
+def load_frame(dirs: list[str | Path], columns: list[str] | None = None, filters: Filters = Filters(),
+               with_samples: bool = False) -> Loaded:
     """Read the report columns as a *prepared* DataFrame (cell key columns
     added, see ``tables.prepare_table``); an empty selection is an error (a
-    report over nothing would pass CI silently)."""
+    report over nothing would pass CI silently).  ``with_samples`` also
+    reads the plot columns and returns the plots' latency samples from the
+    same scan (``Loaded.samples``)."""
+    from .plots import samples_frame
     from .tables import prepare_table
 
-    columns = columns or TABLE_COLUMNS
+    columns = list(columns or TABLE_COLUMNS)
+    if with_samples:
+        columns += [c for c in PLOT_SOURCE_COLUMNS if c not in columns]
     table = scan_table(dirs, columns, filters)
     if table.num_rows == 0:
         raise DatasetError(f"{', '.join(map(str, dirs))}: no cancel records (empty dataset or filters match nothing)")
     table = prepare_table(table)
+    samples = samples_frame(table) if with_samples else None
     # self_destruct frees each Arrow column once converted: peak memory ~ one copy, not two
     frame = table.to_pandas(split_blocks=True, self_destruct=True)
     del table
-    return Loaded(frame=frame, dirs=[str(d) for d in dirs], manifests=[read_manifest(Path(d)) for d in dirs])
+    return Loaded(frame=frame, dirs=[str(d) for d in dirs], samples=samples)
 
 
 def records_dirs(dirs: list[str | Path]) -> list[str]:
@@ -114,15 +120,28 @@ def records_dirs(dirs: list[str | Path]) -> list[str]:
     return [str(records_dir(Path(d))) for d in dirs]
 
 
-PLOT_SOURCE_COLUMNS = ["workload", "phase_at_receipt", "mechanism", "delivery", "host", "backend", "device",
-                       "outcome", "latency_ms", "offset_actual_ms"]
+PLOT_SOURCE_COLUMNS = ["workload", "engine", "phase_at_receipt", "mechanism", "delivery", "host", "backend",
+                       "device", "outcome", "latency_ms", "offset_actual_ms", "settle_ms", "native_call_at_receipt"]
+REFERENCE_COLUMNS = ["workload", "phase_at_receipt", "mechanism", "host", "backend", "device", "trial_id",
+                     "duration_ms", "t_handback_ns", "t_start_ns", "phase_timeline_json", "phase_durations_json"]
 
 
 def load_plot_samples(dirs: list[str | Path], filters: Filters = Filters()) -> pd.DataFrame:
     """Latency samples for the HTML plots (a narrow scan of cancelled trials)."""
-    from .html import samples_frame
+    from .plots import samples_frame
     from .tables import prepare_table
 
     f = Filters(workloads=filters.workloads, backends=filters.backends, hosts=filters.hosts,
                 trial_kinds=("cancel",), outcomes=("cancelled",))
-    return samples_frame(prepare_table(scan_table(dirs, PLOT_SOURCE_COLUMNS, f)).to_pandas())
+    return samples_frame(prepare_table(scan_table(dirs, PLOT_SOURCE_COLUMNS, f), dictionary=False))
+
+
+def load_references(dirs: list[str | Path], filters: Filters = Filters()) -> pd.DataFrame:
+    """Completed reference (uncancelled) runs with their phase timelines: the
+    phase bands behind the offset plot and the phase durations of the
+    uninterruptible-share bars."""
+    from .tables import prepare_table
+
+    f = Filters(workloads=filters.workloads, backends=filters.backends, hosts=filters.hosts,
+                trial_kinds=("reference",), outcomes=("completed",))
+    return prepare_table(scan_table(dirs, REFERENCE_COLUMNS, f), dictionary=False).to_pandas()

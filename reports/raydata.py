@@ -17,8 +17,9 @@ import pyarrow as pa
 from cancelbench.sink import DatasetError
 
 from .load import DEFECT_OUTCOMES, Filters, TABLE_COLUMNS, records_dirs
-from .tables import (CELL_KEYS, CELL_VALUE_COLUMNS, DEFECT_COLUMNS, HOPS, CellStats, HopStats, Report, ReportSpec,
-                     defects_table, device_infos, prepare_table, sort_cells, summarize_cell, summarize_hops)
+from .tables import (ALL_PHASES, CELL_KEYS, CELL_VALUE_COLUMNS, DEFECT_COLUMNS, HOPS, CellStats, HopStats, Report,
+                     ReportSpec, defects_table, device_infos, prepare_table, sort_cells, summarize_cell,
+                     summarize_hops)
 
 _DEVICE_INFO_COLUMNS = ["device_key", "hostname", "device_name", "platform", "arch", "backend"]
 
@@ -50,8 +51,8 @@ def _prepare_batch(batch: pa.Table) -> pa.Table:
         list(CELL_KEYS) + CELL_VALUE_COLUMNS + ["end_to_end_ms", *HOPS] + _DEVICE_INFO_COLUMNS[1:])
 
 
-def _cells_fn(group: pd.DataFrame, spec: ReportSpec) -> pd.DataFrame:
-    key = tuple(group[k].iloc[0] for k in CELL_KEYS)
+def _cells_fn(group: pd.DataFrame, spec: ReportSpec, pooled: bool) -> pd.DataFrame:
+    key = tuple(ALL_PHASES if pooled and k == "phase" else group[k].iloc[0] for k in CELL_KEYS)
     # JSON keeps floats exact (repr round-trips) and avoids nested Arrow types.
     return pd.DataFrame({"cell": [json.dumps(summarize_cell(key, group, spec).to_dict())]})
 
@@ -92,9 +93,13 @@ def build_report_ray(dirs: list[str | Path], spec: ReportSpec, filters: Filters 
 
     parts = max(2, int(ray.cluster_resources().get("CPU", 2)))  # the default 200 shuffle partitions is all overhead
     prepared = _read(paths, TABLE_COLUMNS, filters).map_batches(_prepare_batch, batch_format="pyarrow").materialize()
-    cell_rows = prepared.groupby(list(CELL_KEYS), num_partitions=parts).map_groups(
-        _cells_fn, batch_format="pandas", fn_kwargs={"spec": spec}).take_all()
-    cells = [CellStats(**json.loads(r["cell"])) for r in cell_rows]
+    def cells_of(keys: list[str], pooled: bool) -> list[CellStats]:
+        rows = prepared.groupby(keys, num_partitions=parts).map_groups(
+            _cells_fn, batch_format="pandas", fn_kwargs={"spec": spec, "pooled": pooled}).take_all()
+        return sort_cells([CellStats(**json.loads(r["cell"])) for r in rows])
+
+    cells = cells_of(list(CELL_KEYS), False)
+    pooled = cells_of([k for k in CELL_KEYS if k != "phase"], True)
     if not cells:
         raise DatasetError(f"{', '.join(map(str, dirs))}: no cancel records (empty dataset or filters match nothing)")
     hop_rows = prepared.groupby("device_key", num_partitions=parts).map_groups(
@@ -105,5 +110,5 @@ def build_report_ray(dirs: list[str | Path], spec: ReportSpec, filters: Filters 
                              trial_kinds=None, outcomes=DEFECT_OUTCOMES)
     raw_defects = _read(paths, DEFECT_COLUMNS, defect_filters).to_pandas()
     defects = defects_table(raw_defects.reindex(columns=DEFECT_COLUMNS))
-    return Report(spec=spec, dirs=[str(d) for d in dirs], cells=sort_cells(cells), hops=hops, devices=devices,
+    return Report(spec=spec, dirs=[str(d) for d in dirs], cells=cells, pooled=pooled, hops=hops, devices=devices,
                   defects=defects, n_records=sum(c.n_trials for c in cells))

@@ -86,7 +86,8 @@ def early_stop_ok(n: int, n_over: int, p: float, confidence: float = DEFAULT_CON
         return False
     if confidence >= 0.5 and n_over >= math.ceil(n * (1.0 - p)):
         return False  # n_over is at or above the binomial median: CDF >= 0.5 >= 1 - confidence
-    return binom_cdf(n_over, n, 1.0 - p) <= 1.0 - confidence
+    # Rounded like min_samples: exact cases (p=0.5, c=0.875, n=3: 0.125 vs 0.125) must not fail on float noise.
+    return round(binom_cdf(n_over, n, 1.0 - p), 12) <= round(1.0 - confidence, 12)
 
 
 def bootstrap_percentiles(sorted_values: np.ndarray, p: float, n_boot: int, rng: np.random.Generator) -> np.ndarray:

@@ -1,44 +1,38 @@
-"""The end-of-sweep summary: one row per device x workload x mechanism x delivery.
+"""The end of a sweep: the report is built once, written next to the records
+(``report.txt``, ``report.html``), and its headline part -- the verdict and
+the mechanism comparison per workload -- is what the sweep prints.
 
-All phases are pooled (the cross-platform table of ``cancelbench report``
-splits them by phase at receipt). Same aggregation and minimum counts as the
-report, so the numbers agree with it.
+Same aggregation, minimum counts and layout as ``cancelbench report``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import load_defects
-from .format import Section, fmt_ms, render_terminal_table
-from .load import TABLE_COLUMNS, Filters, load_frame
-from .tables import ReportSpec, aggregate_cells
+from cancelbench.fileio import write_atomic
 
-ALL_PHASES = "*"
-
-
-def summary_section(dirs: list[str | Path], spec: ReportSpec = ReportSpec()) -> Section:
-    frame = load_frame(dirs, TABLE_COLUMNS, Filters()).frame
-    frame["phase"] = ALL_PHASES
-    cells = sorted(aggregate_cells(frame, spec), key=lambda c: (c.device, c.workload, c.mechanism, c.delivery))
-    mins = spec.min_counts()
-    rows = []
-    for c in cells:
-        pcts = [fmt_ms(v) if v is not None else f"insufficient (<{mins[k]})" for k, v in c.percentiles.items()]
-        rows.append([c.device, c.workload, c.mechanism, c.delivery, f"{c.n}/{c.n_trials}", *pcts,
-                     fmt_ms(c.max_ms), str(c.dropped), f"{c.cost_ratio_p50:.3f}" if c.cost_ratio_p50 is not None else "-"])
-    headers = ["device", "workload", "mechanism", "delivery", "n", *(f"{k} ms" for k in mins), "max ms", "dropped",
-               "cost ratio"]
-    note = ("latency_ms = cancel received on the agent -> engine terminal, all phases pooled; nearest-rank "
-            f"percentiles need {', '.join(f'{k} n>={v}' for k, v in mins.items())}; cost ratio = median latency / "
-            "uncancelled run")
-    return Section("Summary", note, headers, rows)
+from . import build_report
+from .format import render_terminal_table, term_safe, to_terminal
+from .sections import comparison_sections, headline
+from .tables import Report
 
 
-def summary_text(dirs: list[str | Path]) -> str:
-    s = summary_section(dirs)
-    lines = [f"== {s.title} ==", s.note, *render_terminal_table(s)]
-    defects = load_defects(dirs, Filters())
-    if len(defects):
-        lines.append(f"DEFECTS: {len(defects)} dropped/lost trial(s); see `cancelbench report`")
+def summary_text(report: Report) -> str:
+    lines = ["== Summary ==", term_safe(headline(report))]
+    for s in comparison_sections(report):
+        lines += ["", f"-- {term_safe(s.title)} --", term_safe(s.note), *render_terminal_table(s)]
     return "\n".join(lines) + "\n"
+
+
+def write_sweep_reports(out_dir: str | Path) -> str:
+    """Write report.txt and report.html into ``out_dir``; return the summary to print."""
+    from .html import to_html
+    from .load import load_references
+
+    out = Path(out_dir)
+    report = build_report([out], with_samples=True)
+    write_atomic(out / "report.txt", lambda tmp: tmp.write_text(to_terminal(report), encoding="utf-8"))
+    page = to_html(report, report.samples, load_references([out]))
+    write_atomic(out / "report.html", lambda tmp: tmp.write_text(page, encoding="utf-8"))
+    return (summary_text(report) + f"\nfull report (per phase, defects, hops): {out / 'report.txt'} "
+            f"(cancelbench report {out}); plots: {out / 'report.html'}\n")

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from . import stats
 
 NONE_LABEL = "(none)"
+ALL_PHASES = "*"  # the phase of a pooled cell (every phase at receipt together)
 ROW_KEYS = ("workload", "phase", "mechanism", "delivery")
 CELL_KEYS = ROW_KEYS + ("device_key",)
 CELL_VALUE_COLUMNS = ["trial_id", "outcome", "latency_ms", "cost_ratio"]
@@ -212,19 +213,27 @@ class _Take:
         return self.values.take(pa.array(self.idx[positions])).to_numpy(zero_copy_only=False)
 
 
-def aggregate_cells(frame: pd.DataFrame, spec: ReportSpec, device_column: str = "device_key") -> list[CellStats]:
+def aggregate_cells(frame: pd.DataFrame, spec: ReportSpec, device_column: str = "device_key",
+                    pool_phases: bool = False) -> list[CellStats]:
     """All cells of a prepared frame (pandas engine): group indices once, then
-    slice plain numpy arrays (much faster than iterating sub-DataFrames)."""
-    keys = list(ROW_KEYS) + [device_column]
+    slice plain numpy arrays (much faster than iterating sub-DataFrames).
+    ``pool_phases`` puts every phase of a (workload, mechanism, delivery,
+    device) into one cell whose phase is ``ALL_PHASES``."""
+    keys = [k for k in ROW_KEYS if not (pool_phases and k == "phase")] + [device_column]
     outcome = _obj(frame["outcome"])
     lat = frame["latency_ms"].to_numpy(dtype=float, na_value=np.nan)
     cost = frame["cost_ratio"].to_numpy(dtype=float, na_value=np.nan)
     # Stays one Arrow array: only the few over-bound ids ever become Python strings.
     ids = pa.Table.from_pandas(frame[["trial_id"]], preserve_index=False).column(0).combine_chunks()
     groups = frame.groupby(keys, sort=True, observed=True, dropna=False).indices
-    cells = [summarize_cell_arrays(key, outcome[idx], lat[idx], cost[idx], _Take(ids, idx), spec)
-             for key, idx in groups.items()]
+    cells = [summarize_cell_arrays(pooled_key(key) if pool_phases else key, outcome[idx], lat[idx], cost[idx],
+                                   _Take(ids, idx), spec) for key, idx in groups.items()]
     return sort_cells(cells)
+
+
+def pooled_key(key: tuple) -> tuple:
+    """(workload, mechanism, delivery, device) -> the cell key with phase ``ALL_PHASES``."""
+    return (key[0], ALL_PHASES, *key[1:])
 
 
 def sort_cells(cells: list[CellStats]) -> list[CellStats]:
@@ -342,10 +351,12 @@ class Report:
     spec: ReportSpec
     dirs: list[str]
     cells: list[CellStats]
+    pooled: list[CellStats]  # phases pooled: the mechanism comparison
     hops: list[HopStats]
     devices: list[DeviceInfo]
     defects: pd.DataFrame
     n_records: int
+    samples: pd.DataFrame | None = None  # latency samples for the plots, when built with them
 
     @property
     def over(self) -> list[CellStats]:
@@ -362,6 +373,10 @@ class Report:
         if len(self.defects):
             return "defects"
         return "over_bound" if self.over else "ok"
+
+    def over_pooled(self) -> set[tuple[str, str, str, str]]:
+        """(workload, mechanism, delivery, device) of pooled cells with a phase over its bound."""
+        return {(c.workload, c.mechanism, c.delivery, c.device) for c in self.cells if c.over}
 
     def devices_in_cells(self) -> list[str]:
         return sorted({c.device for c in self.cells})

@@ -7,6 +7,7 @@ every verdict is a known answer; the seeded-noise test uses fixed seeds."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -54,6 +55,21 @@ def test_scaled_up_latency_is_a_regression(tmp_path, capsys):
     assert first_row.startswith("| REGRESSED |")
 
 
+def test_html_overlays_baseline_and_candidate_ecdfs_of_changed_cells(tmp_path):
+    base = sweep(tmp_path, "base", grid(600), extra=cell_rows("bp", grid(600), host="mac1", phase="prefill")
+                 + cell_rows("bq", grid(600), host="mac1", phase="idle"))
+    cand = sweep(tmp_path, "cand", grid(600, 1.5), extra=cell_rows("cp", grid(600, 0.5), host="mac1", phase="prefill")
+                 + cell_rows("cq", grid(600), host="mac1", phase="idle"))
+    out = tmp_path / "diff.html"
+    assert reports_main(["diff", str(base), str(cand), "--format", "json", "--html", str(out)]) == 1
+    page = out.read_text(encoding="utf-8")
+    # two changed cells (decode regressed, prefill improved), each with both lines; the unchanged idle cell has none
+    assert sorted(re.findall(r'id="(diff-(?:base|cand)-\d+)"', page)) == \
+        ["diff-base-0", "diff-base-1", "diff-cand-0", "diff-cand-1"]
+    assert "regressed: tts · decode" in page and "improved: tts · prefill" in page and "idle" in page
+    assert "<script" not in page and "default-src 'none'" in page
+
+
 def test_scaled_down_latency_is_an_improvement(tmp_path):
     d = only(run_diff([sweep(tmp_path, "b", grid(600))], [sweep(tmp_path, "c", grid(600, 0.6))]))
     assert d.verdict == "improved" and d.ci_high_ms < 0
@@ -84,6 +100,23 @@ def test_significant_but_small_shift_is_unchanged(tmp_path):
     assert d.verdict == "unchanged"  # ... but under the 10% threshold
     d = only(run_diff([tmp_path / "b"], [tmp_path / "c"], DiffSpec(rel_threshold=0.02)))
     assert d.verdict == "regressed"
+
+
+def test_cli_threshold_is_a_fraction(tmp_path, capsys):
+    """--threshold 0.02 means 2% (the README and --help say so): a 5% shift regresses; the default 0.10 does not."""
+    base, cand = sweep(tmp_path, "b", grid(600)), sweep(tmp_path, "c", grid(600, 1.05))
+    assert reports_main(["diff", str(base), str(cand), "--format", "json", "--threshold", "0.02"]) == 1
+    assert json.loads(capsys.readouterr().out)["rel_threshold"] == 0.02
+    assert reports_main(["diff", str(base), str(cand), "--format", "json"]) == 0
+    assert reports_main(["diff", str(base), str(cand), "--format", "json", "--threshold", "5"]) == 0  # 500%
+    capsys.readouterr()
+
+
+def test_significant_but_small_improvement_is_unchanged(tmp_path):
+    d = only(run_diff([sweep(tmp_path, "b", grid(600))], [sweep(tmp_path, "c", grid(600, 0.95))]))
+    assert d.ci_high_ms < 0  # the drop is real ...
+    assert d.verdict == "unchanged"  # ... but under the 10% threshold
+    assert only(run_diff([tmp_path / "b"], [tmp_path / "c"], DiffSpec(rel_threshold=0.02))).verdict == "improved"
 
 
 def test_new_dropped_cancel_is_a_regression(tmp_path):

@@ -1,9 +1,12 @@
-"""The self-contained HTML report: escaping of hostile data, offline by
-construction, and a real headless Chromium check (page renders, plots are
-present, no console errors).
+"""The self-contained HTML report: escaping of hostile data (page and SVG
+text), offline by construction, and a real headless Chromium check driven
+over the DevTools protocol: the first 1400x900 screen holds the verdict and
+the mechanism comparison, the ECDF small multiples have one line per
+mechanism, no console errors.
 
-The browser test skips when no Chromium is installed, but fails instead when
-CANCELBENCH_REQUIRE_BROWSER=1 (CI sets it; Debian package ``chromium``).
+The browser tests (marker ``browser``) skip when no Chromium is installed,
+but fail instead when CANCELBENCH_REQUIRE_BROWSER=1 (CI sets it; Debian
+package ``chromium``).
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,16 +21,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from report_fixtures import cancel_row, cell_rows, write_dataset  # noqa: E402
+from report_fixtures import (HeadlessChromium, cancel_row, cell_rows, demo_like_rows, speech_rows,  # noqa: E402
+                             write_dataset)
 
 from cancelbench.reports import build_report  # noqa: E402
 from cancelbench.reports.cli import main as reports_main  # noqa: E402
 from cancelbench.reports.html import to_html  # noqa: E402
-from cancelbench.reports.load import load_plot_samples  # noqa: E402
+from cancelbench.reports.load import load_plot_samples, load_references  # noqa: E402
 
 HOSTILE = '<script>alert("pwn")</script>"><img src=x onerror=alert(1)>$\\frac{1}{0}$&amp;'
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-FIGURES = ("plot-ecdf", "plot-scatter", "plot-boxes")
+FIGURES = ("plot-ecdf", "plot-dots", "plot-offsets")
 
 
 @pytest.fixture(scope="module")
@@ -68,13 +71,31 @@ def test_page_is_self_contained(page):
     assert "<link" not in text and "@import" not in text and "url(http" not in text
     for fid in FIGURES:
         assert f'<figure id="{fid}">' in text
-    assert text.count("<svg") == 3
+    assert text.count("<svg") == 3  # no speech workload: no uninterruptible-share bars
+
+
+def test_plot_text_stays_searchable_text_and_escaped(page):
+    text = page.read_text(encoding="utf-8")
+    svg = text[text.index("<svg"):]
+    assert "<text" in svg and "glyph" not in svg  # svg.fonttype none: labels are text, not glyph paths
+    assert "hostB/vulkan:0" in svg  # a device name can be found in the plots
+    assert "&lt;script&gt;" in svg and "<script" not in svg.lower()
+
+
+def test_plot_samples_from_the_report_scan_equal_a_separate_scan(hostile_dataset, tmp_path):
+    import pandas as pd
+
+    d = write_dataset(tmp_path / "speech", speech_rows(n=6))
+    for data in (d, hostile_dataset):
+        one_scan = build_report([data], with_samples=True).samples
+        assert len(one_scan) > 0 and one_scan["residue_ms"].notna().any() == (data == d)
+        pd.testing.assert_frame_equal(one_scan, load_plot_samples([data]))
 
 
 def test_mathtext_and_control_chars_in_labels_do_not_break_plots(tmp_path):
     rows = cell_rows("m", [1.0, 2.0, 3.0, 4.0, 5.0], host="hostB", phase="$x^{$", workload="w\nx")
     d = write_dataset(tmp_path / "m", rows)
-    html = to_html(build_report([d]), load_plot_samples([d]))
+    html = to_html(build_report([d]), load_plot_samples([d]), load_references([d]))
     assert html.count("<svg") == 3
 
 
@@ -91,47 +112,115 @@ def _require_browser() -> str:
     return path
 
 
-def _run_browser(browser: str, page: Path, tmp_path: Path, *mode: str) -> subprocess.CompletedProcess:
-    args = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", "--no-default-browser-check",
-            f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0", "--log-level=0",
-            *mode, page.resolve().as_uri()]
-    return subprocess.run(args, capture_output=True, text=True, timeout=180)
+def test_missing_browser_fails_when_required(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setenv("CANCELBENCH_REQUIRE_BROWSER", "1")
+    with pytest.raises(pytest.fail.Exception, match="CANCELBENCH_REQUIRE_BROWSER=1"):
+        _require_browser()
+    monkeypatch.delenv("CANCELBENCH_REQUIRE_BROWSER")
+    with pytest.raises(pytest.skip.Exception):
+        _require_browser()
 
 
-def _console_lines(stderr: str) -> list[str]:
-    """Chromium logs every console message (errors, uncaught exceptions, CSP
-    violations) as ``...:CONSOLE...`` lines with --enable-logging=stderr."""
-    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+@pytest.fixture
+def chromium(tmp_path):
+    browser = HeadlessChromium(_require_browser(), tmp_path / "profile")
+    yield browser
+    browser.close()
 
 
-def test_console_error_detection_works(tmp_path):
+@pytest.mark.browser
+def test_console_error_detection_works(chromium, tmp_path):
     """Guard for the browser check itself: a page that does log an error is caught."""
-    browser = _require_browser()
     bad = tmp_path / "bad.html"
     bad.write_text('<!DOCTYPE html><html><body><p>x</p><script>console.error("planted-error")</script></body></html>')
-    proc = _run_browser(browser, bad, tmp_path, "--dump-dom")
-    assert any("planted-error" in line for line in _console_lines(proc.stderr)), proc.stderr[-2000:]
+    chromium.open(bad.as_uri())
+    assert any("planted-error" in p for p in chromium.console_problems())
 
 
-def test_renders_in_headless_chromium(page, tmp_path):
-    browser = _require_browser()
-    proc = _run_browser(browser, page, tmp_path, "--dump-dom")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    dom = proc.stdout
-    assert _console_lines(proc.stderr) == [], _console_lines(proc.stderr)
-    assert "cancelbench report" in dom and 'id="verdict"' in dom
-    for fid in FIGURES:
-        assert f'id="{fid}"' in dom
-    assert dom.count("<svg") == 3 and dom.count("<path") > 50  # plots are present and drawn
-    assert "<script" not in dom.lower() and "<img" not in dom.lower()  # the hostile string stayed text
-    assert "&lt;script&gt;alert(\"pwn\")&lt;/script&gt;" in dom
+# What the DOM says about the first screen and the ECDF panels (run by DevTools, not by the page).
+FIRST_SCREEN = """JSON.stringify((() => {
+  const box = (el) => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const tables = [...document.querySelectorAll('table[id^="table-compare-"]')];
+  return {
+    viewport: [innerWidth, innerHeight],
+    verdict: box(document.getElementById('verdict')),
+    verdictText: document.getElementById('verdict').textContent,
+    compare: tables.map(t => ({box: box(t), title: t.closest('section').querySelector('h2').textContent,
+                               rows: [...t.tBodies[0].rows].map(r => [...r.cells].map(c => c.textContent))})),
+    ecdf: [...document.querySelectorAll('#plot-ecdf g[id^="ecdf-"]')].map(g => g.id),
+    ecdfText: document.getElementById('plot-ecdf').textContent,
+  };
+})())"""
 
-    shot = tmp_path / "shot.png"
-    proc = _run_browser(browser, page, tmp_path, "--window-size=1200,3000", f"--screenshot={shot}")
-    assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]
-    assert _console_lines(proc.stderr) == []
+
+def _first_screen(chromium, tmp_path: Path, rows: list[dict], workloads: list[str]) -> tuple[dict, Path]:
+    """Write the dataset, render report.html through the CLI, open it at
+    1400x900, check the first screen; the DOM state and the page for more checks."""
+    import json
+
     import matplotlib.image
 
+    page, shot = tmp_path / "report.html", tmp_path / "first-screen.png"
+    assert reports_main(["report", str(write_dataset(tmp_path / "data", rows)), "--html", str(page),
+                         "--format", "json"]) == 0
+    chromium.open(page.resolve().as_uri())
+    state = json.loads(chromium.evaluate(FIRST_SCREEN))
+    chromium.screenshot(shot)
+    assert chromium.console_problems() == []
+    assert state["viewport"] == [1400, 900]
+    left, top, right, bottom = state["verdict"]
+    assert 0 <= top and bottom <= 900 and right <= 1400
+    # the mechanism comparison of the first workload lies wholly on the first screen
+    assert [c["title"] for c in state["compare"]] == [f"Mechanism comparison: {w}" for w in workloads]
+    left, top, right, bottom = state["compare"][0]["box"]
+    assert 0 <= top and bottom <= 900 and right <= 1400, state["compare"][0]["box"]
     pixels = matplotlib.image.imread(shot)
-    assert pixels.std() > 0.05  # not a blank page
+    assert pixels.shape[:2] == (900, 1400) and pixels.std() > 0.05  # a real, non-blank screen
+    return state, page
+
+
+def _lines_per_panel(ids: list[str]) -> dict[str, list[str]]:
+    panels: dict[str, list[str]] = {}
+    for gid in ids:
+        panel, mech = gid.rsplit("-", 1)
+        panels.setdefault(panel, []).append(mech)
+    return panels
+
+
+@pytest.mark.browser
+def test_demo_report_first_screen_in_chromium(chromium, tmp_path):
+    state, _ = _first_screen(chromium, tmp_path, demo_like_rows(), ["text"])
+    assert state["verdictText"].startswith("WARN: no dropped cancels or lost trials")
+    rows = state["compare"][0]["rows"]
+    assert [r[:2] for r in rows] == [[m, d] for m in ("abort_callback", "between_calls", "chunked")
+                                     for d in ("agent", "driver")]
+    # one device, one workload: one panel, one line per mechanism (m0, m1, m2), each named in the legend
+    assert _lines_per_panel(state["ecdf"]) == {"ecdf-w0-d0": ["m0", "m1", "m2"]}
+    for m in ("abort_callback", "between_calls", "chunked"):
+        assert m in state["ecdfText"]
+
+
+@pytest.mark.browser
+def test_two_device_speech_report_first_screen_in_chromium(chromium, tmp_path):
+    state, page = _first_screen(chromium, tmp_path, speech_rows(), ["stt-fixture", "tts-fixture"])
+    assert [r[:2] for r in state["compare"][0]["rows"]] == [["abort_callback", "agent"], ["between_calls", "agent"],
+                                                            ["graph_eval", "agent"]]
+    # 2 workloads x 2 devices, each panel one line per mechanism
+    panels = _lines_per_panel(state["ecdf"])
+    assert panels == {f"ecdf-w{w}-d{d}": ["m0", "m1", "m2"] for w in (0, 1) for d in (0, 1)}
+    assert "graph_eval" in state["ecdfText"] and "hostB/vulkan:0" in state["ecdfText"]
+    assert 'id="plot-uninterruptible"' in page.read_text(encoding="utf-8")
+
+
+@pytest.mark.browser
+def test_hostile_page_renders_in_chromium(chromium, page, tmp_path):
+    import json
+
+    chromium.open(page.resolve().as_uri())
+    state = json.loads(chromium.evaluate(
+        "JSON.stringify({scripts: document.scripts.length, imgs: document.images.length, "
+        "svgs: document.querySelectorAll('svg').length, text: document.body.textContent})"))
+    assert chromium.console_problems() == []
+    assert (state["scripts"], state["imgs"], state["svgs"]) == (0, 0, 3)  # the hostile strings stayed text
+    assert '<script>alert("pwn")</script>' in state["text"]

@@ -21,6 +21,7 @@ from cancelbench.sink import DatasetError, records_dir  # noqa: E402
 from cancelbench.reports import Filters, ReportSpec, build_report, stats  # noqa: E402
 from cancelbench.reports.cli import add_diff_parser, add_report_parser  # noqa: E402
 from cancelbench.reports.format import report_dict, to_json, to_markdown, to_terminal  # noqa: E402
+from cancelbench.reports.sections import MAX_MARK, NA, OVER  # noqa: E402
 from cancelbench.reports.tables import BoundSpec  # noqa: E402
 
 
@@ -54,6 +55,20 @@ def cell(report, workload, phase, device, mechanism=None):
 A, B = "hostA/cpu:0", "hostB/vulkan:0"
 
 
+def test_reports_import_neither_the_orchestrator_nor_ray():
+    """reports/ depends only on the Ray-free contract (schema, sink, fileio), and importing it changes nothing."""
+    import subprocess
+
+    code = ("import os, sys; env = dict(os.environ)\n"
+            "import cancelbench.reports, cancelbench.reports.cli, cancelbench.reports.diff, cancelbench.reports.html\n"
+            "import cancelbench.reports.summary, cancelbench.reports.raydata\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray' "
+            "or m.startswith(('cancelbench.orchestrator', 'cancelbench.device_agents'))))\n"
+            "print(env == dict(os.environ))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == ["[]", "True"], out
+
+
 # ------------------------------------------------------------------ stats --
 def test_min_samples_formula_and_known_values():
     assert [stats.min_samples(p) for p in (0.5, 0.9, 0.99)] == [5, 29, 299]
@@ -83,6 +98,16 @@ def test_binomial_cdf_and_early_stopping():
     # LoadGen-style: more samples tolerate some exceedances
     assert stats.early_stop_ok(1000, 3, 0.99) and not stats.early_stop_ok(1000, 6, 0.99)
     assert not stats.early_stop_ok(1000, 10, 0.99)  # at the observed rate: never proven
+
+
+@pytest.mark.parametrize("p, confidence", [(0.5, 0.5), (0.5, 0.75), (0.5, 0.875), (0.5, 0.9375), (0.9, 0.95),
+                                           (0.99, 0.95)])
+def test_early_stopping_agrees_with_min_samples_at_the_boundary(p, confidence):
+    """p**n == 1 - confidence exactly for p = 0.5: the claim holds at equality
+    (the probability bound is "<="), so n = min_samples proves it and n - 1 does not."""
+    n = stats.min_samples(p, confidence)
+    assert stats.early_stop_ok(n, 0, p, confidence)
+    assert not stats.early_stop_ok(n - 1, 0, p, confidence)
 
 
 def test_beta_bootstrap_matches_resampling_bootstrap():
@@ -123,8 +148,11 @@ def test_insufficient_samples_are_marked_not_shown(report):
     assert four.n == 4 and four.insufficient == ["p50", "p90", "p99"]
     assert all(v is None for v in four.percentiles.values())
     text = to_terminal(report)
-    assert "p99 insufficient (<299)" in text and "p50 insufficient (<5)" in text
-    assert "p50 n>=5, p90 n>=29, p99 n>=299" in text  # the minimum counts are stated
+    # the per-phase row of the 4-sample cell: n 4, p50 "–", the max (6.00) marked as a max, 0 dropped
+    row = next(line for line in text.splitlines() if line.startswith("tts       prefill"))
+    assert row.split()[-4:] == ["4", NA, f"6.00{MAX_MARK}", "0"], row
+    assert "p50 needs n >= 5, p99 needs n >= 299" in text  # the reason, once, in the note
+    assert "insufficient" not in text
 
 
 def test_bound_flags_and_worst_trial_ids(report):
@@ -139,6 +167,59 @@ def test_bound_flags_and_worst_trial_ids(report):
     enc = cell(report, "stt", "encode", A)
     assert not enc.over and enc.max_ms == 900.0 and enc.bound_proven is False
     assert report.over[0].workload == "tts"  # worst first
+
+
+def test_a_cell_exactly_at_the_bound_is_not_over(tmp_path):
+    rows = cell_rows("at", [50.0] * 5) + cell_rows("above", [50.01] * 5, phase="prefill")
+    r = build_report([write_dataset(tmp_path / "at", rows)])
+    at, above = cell(r, "tts", "decode", A), cell(r, "tts", "prefill", A)
+    assert (at.over, at.n_over, at.worst_trial_ids) == (False, 0, [])
+    assert (above.over, above.n_over) == (True, 5)
+    assert [c.phase for c in r.over] == ["prefill"] and r.verdict == "over_bound"
+    lines = to_terminal(r).splitlines()
+    assert lines[1].startswith("WARN: no dropped cancels or lost trials; 1 cell(s) over the bound")
+    decode = next(line for line in lines if line.startswith("tts       decode"))
+    prefill = next(line for line in lines if line.startswith("tts       prefill"))
+    assert decode.split()[-4:] == ["5", "50.00", "50.00", "0"]  # the symbol marks over-bound cells only
+    assert prefill.split()[-5:] == ["5", "50.01", "50.01", OVER, "0"]
+    md = to_markdown(r)
+    assert "| 50.01 ▲ |" in md and "| 50.00 ▲ |" not in md and f"{OVER} over the latency bound" in md
+
+
+def test_mechanism_comparison_pools_phases_per_workload(report):
+    """One table per workload, rows mechanism x delivery, a column group per device."""
+    tts = next(c for c in report.pooled if (c.workload, c.device) == ("tts", A))
+    assert (tts.phase, tts.n, tts.percentiles["p50"], tts.bound_stat_ms) == ("*", 310, 145.0, 297.0)
+    text = to_terminal(report)
+    block = text[text.index("== Mechanism comparison: tts =="):text.index("== Defects")]
+    header_groups = block.splitlines()[2]
+    assert header_groups.split() == [A, B]
+    row = next(line for line in block.splitlines() if line.startswith("abort_callback"))
+    # hostA: p50 145, p99 297 (310 samples) over the bound in a phase; hostB: 33 samples, the max, 1 dropped
+    assert row.split() == ["abort_callback", "driver", "145.00", "297.00", OVER, "0", "2.00", f"6.00{MAX_MARK}", "1"]
+    assert text.index("Mechanism comparison: stt") < text.index("Mechanism comparison: tts") < text.index("Defects")
+    assert [c["workload"] for c in report_dict(report)["mechanisms"]] == ["stt", "tts", "tts"]
+
+
+def test_markdown_of_a_4_device_4_mechanism_10_phase_sweep_fits_a_comment(tmp_path):
+    hosts = ["hostA", "hostB", "mac1", "mac2"]
+    mechanisms = ["abort_callback", "between_calls", "chunked", "graph_eval"]
+    phases = [f"phase{i}" for i in range(10)]
+    rows = [cancel_row(f"{h}-{m}-{p}-{d}-{i}", 1.0 + i + 10 * k, host=h, phase=p, mechanism=m, delivery=d,
+                       workload=w)
+            for w in ("tts", "stt") for h in hosts for m in mechanisms for k, p in enumerate(phases)
+            for d in ("driver", "agent") for i in range(5)]
+    r = build_report([write_dataset(tmp_path / "big", rows)])
+    md = to_markdown(r, limit=65_536)
+    assert len(md) <= 65_536
+    table_rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| mech")
+                  and not line.startswith("| workload")]
+    compare_rows = [line for line in table_rows if line.split(" | ")[1] in ("driver", "agent")]
+    assert len(compare_rows) == 2 * 4 * 2  # the comparison tables are whole
+    phase_rows = [line for line in table_rows if line.split(" | ")[0] in ("| stt", "| tts")]
+    assert 0 < len(phase_rows) <= 2 * 10 * 4 * 2
+    # cut or not, never silently: a cut table says how many of its rows it shows
+    assert (len(phase_rows) < 160) == ("of 160 rows shown" in md)
 
 
 def test_bound_overrides_per_workload_and_phase(known):
@@ -159,8 +240,8 @@ def test_dropped_and_lost_listed_first(report):
     assert list(report.defects["trial_id"]) == ["b-dec-dropped", "ref-lost"]
     assert report.exit_code == 1 and report.verdict == "defects"
     for text in (to_terminal(report), to_markdown(report)):
-        assert text.index("Defects: 1 dropped cancels, 1 lost trials") < text.index("Over the latency bound") \
-            < text.index("Cross-platform latency")
+        assert text.index("Mechanism comparison") < text.index("Defects: 1 dropped cancels, 1 lost trials") \
+            < text.index("Over the latency bound") < text.index("Per phase at receipt")
         assert text.index("b-dec-dropped") < text.index("ref-lost")
     j = report_dict(report)
     assert j["verdict"] == "defects" and j["exit_code"] == 1
@@ -229,7 +310,7 @@ def test_cli_exit_codes_and_outputs(known, tmp_path, capsys):
     md, js = tmp_path / "r.md", tmp_path / "r.json"
     assert cli(["report", str(known), "--markdown", str(md), "--json", str(js)]) == 1  # defects
     out = capsys.readouterr().out
-    assert out.startswith("cancelbench report") and "DEFECTS" in out
+    assert out.startswith("cancelbench report\nFAIL: 1 dropped cancel(s), 1 lost trial(s)")
     assert md.read_text().startswith("## cancelbench report: FAIL")
     assert json.loads(js.read_text())["verdict"] == "defects"
     clean = write_dataset(tmp_path / "clean", cell_rows("c", range(1, 10)))
@@ -265,7 +346,7 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
     (records_dir(tmp_path / "junk") / "backend=cpu" / "host=x").mkdir(parents=True)
     (records_dir(tmp_path / "junk") / "backend=cpu" / "host=x" / "part-0.parquet").write_text("not parquet")
     write_dataset(tmp_path / "junk", [])
-    _bad_input(["report", str(tmp_path / "junk")], capsys, "")
+    _bad_input(["report", str(tmp_path / "junk")], capsys, "unreadable records")
     with pytest.raises(DatasetError):
         build_report([])
 
@@ -316,13 +397,16 @@ def test_markdown_fits_a_pull_request_comment(report):
     small = to_markdown(report, limit=2500)
     assert len(small) <= 2500 < len(full)
     assert "rows shown (the JSON output has all)" in small
-    # defects and over-bound cells survive; the cross-platform table is cut first
-    assert "b-dec-dropped" in small and "ref-lost" in small and "a-sttdec-0296" in small
+    # the over-bound list is cut first (the per-phase table marks the same cells); defects and the
+    # mechanism comparison survive
+    assert "of 2 rows shown" in small and "a-sttdec-0296" in full and "a-sttdec-0296" not in small
+    assert "b-dec-dropped" in small and "ref-lost" in small
+    assert "| abort\\_callback | driver | 145.00 | 297.00 ▲ | 0 | 2.00 | 6.00ᵐ | 1 |" in small
 
 
 def test_bound_met_only_when_the_samples_prove_it(tmp_path):
     rows = cell_rows("ok", [1.0] * 299) + cell_rows("few", [1.0] * 298, phase="prefill")
     r = build_report([write_dataset(tmp_path / "met", rows)])
     assert cell(r, "tts", "decode", A).bound_proven and not cell(r, "tts", "prefill", A).bound_proven
-    text = to_terminal(r)
-    assert "bound 50: met (95%)" in text and "bound 50: unproven" in text
+    proven = {(c["phase"]): c["bound_proven"] for c in report_dict(r)["cells"]}
+    assert proven == {"decode": True, "prefill": False}

@@ -1,0 +1,194 @@
+"""What a report says, as renderer-neutral sections: the verdict, then one
+compact mechanism-comparison table per workload (rows mechanism x delivery,
+one column group per device: p50 / p99-or-max / dropped), then defects, cells
+over the bound, the per-phase table, hops and devices.
+
+Cells are plain strings; the renderers (``format.py``, ``html.py``) escape
+them for their medium and style three markers: ``NA`` (too few samples,
+explained once in the note), ``OVER`` (over the latency bound, with a legend)
+and ``MAX_MARK`` (the max shown where the bound percentile has too few
+samples).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import stats
+from .tables import CellStats, Report
+
+NA = "–"  # en dash: muted in HTML, explained in the section note
+OVER = "▲"
+MAX_MARK = "ᵐ"
+
+
+@dataclass
+class Section:
+    """A titled table.  Columns before ``key_columns`` are labels (left
+    aligned), the rest numbers (right aligned); ``groups`` label runs of the
+    number columns (one device each).  Strings are raw: renderers escape."""
+
+    title: str
+    note: str
+    headers: list[str]
+    rows: list[list[str]]
+    key_columns: int | None = None  # None: every column is a label
+    groups: list[tuple[str, int]] = field(default_factory=list)
+    sid: str = ""  # stable identifier: HTML anchor, truncation order
+
+
+def fmt_ms(value: float | None) -> str:
+    return NA if value is None else f"{value:.2f}"
+
+
+def _high(c: CellStats, spec) -> tuple[float | None, bool]:
+    """The bound percentile when the cell has enough samples, else its max
+    (second value True)."""
+    need = stats.min_samples(spec.bound_percentile, spec.confidence)
+    if c.n >= need:
+        return c.bound_stat_ms, False
+    return c.max_ms, c.n > 0
+
+
+def _group_columns(cells: list[CellStats | None], spec, over: list[bool], with_n: bool,
+                   mark_max: bool) -> tuple[list[str], set]:
+    """Strings of one row's device groups and the markers they use."""
+    used: set[str] = set()
+    out: list[str] = []
+    for c, is_over in zip(cells, over):
+        if c is None:
+            out += [""] * (4 if with_n else 3)
+            continue
+        value, is_max = _high(c, spec)
+        high = fmt_ms(value) + (MAX_MARK if is_max and mark_max else "") + (f" {OVER}" if is_over else "")
+        p50 = fmt_ms(c.percentiles.get("p50"))
+        used |= {m for m, hit in ((NA, NA in (p50, high)), (OVER, is_over), (MAX_MARK, MAX_MARK in high)) if hit}
+        dropped = str(c.dropped) + (f" +{c.lost} lost" if c.lost else "")
+        out += ([str(c.n)] if with_n else []) + [p50, high, dropped]
+    return out, used
+
+
+def _legend(spec, used: set, pooled: bool) -> str:
+    bl = stats.percentile_label(spec.bound_percentile)
+    mins = spec.min_counts()
+    parts = ["latency_ms in ms (cancel received on the agent -> engine stopped), nearest rank"
+             + (", all phases pooled" if pooled else "")]
+    if NA in used:
+        need = {"p50": mins.get("p50", stats.min_samples(0.5, spec.confidence)),
+                bl: stats.min_samples(spec.bound_percentile, spec.confidence)}
+        parts.append(f"{NA} too few samples ({', '.join(f'{k} needs n >= {v}' for k, v in need.items())} "
+                     f"at {spec.confidence:g} confidence)")
+    if MAX_MARK in used:
+        parts.append(f"{MAX_MARK} the max, shown where the {bl} has too few samples")
+    if OVER in used:
+        parts.append(f"{OVER} over the latency bound ({bound_text(spec)})"
+                     + (" in at least one phase" if pooled else ""))
+    return "; ".join(parts)
+
+
+def bound_text(spec) -> str:
+    overrides = ", ".join(f"{w or '*'}:{p or '*'} {ms:g} ms" for w, p, ms in spec.bound.overrides)
+    return (f"{spec.bound.default_ms:g} ms on the {stats.percentile_label(spec.bound_percentile)}"
+            + (f"; {overrides}" if overrides else ""))
+
+
+def _device_table(title: str, note_pooled: bool, keys: list[str], rows_by_key: dict[tuple, dict[str, CellStats]],
+                  devices: list[str], spec, over_of, with_n: bool, sid: str) -> Section:
+    """Rows = keys, one column group per device (shared by the comparison and
+    per-phase tables).  The high column is headed by the bound percentile
+    when every cell has enough samples for it, "max" when none has, and marks
+    the maxima when the table mixes both."""
+    present = [c for row in rows_by_key.values() for c in row.values() if c.n]
+    kinds = {_high(c, spec)[1] for c in present}
+    bl = stats.percentile_label(spec.bound_percentile)
+    high = {frozenset({True}): "max"}.get(frozenset(kinds), bl if len(kinds) < 2 else f"{bl}/max{MAX_MARK}")
+    built, used = [], set()
+    for key in sorted(rows_by_key):
+        cells = [rows_by_key[key].get(d) for d in devices]
+        values, u = _group_columns(cells, spec, [c is not None and over_of(c) for c in cells], with_n, len(kinds) > 1)
+        used |= u
+        built.append([*key, *values])
+    leaf = (["n"] if with_n else []) + ["p50", high, "dropped"]
+    return Section(title, _legend(spec, used, note_pooled), keys + leaf * len(devices), built,
+                   key_columns=len(keys), groups=[(d, len(leaf)) for d in devices], sid=sid)
+
+
+def comparison_sections(report: Report) -> list[Section]:
+    """One table per workload: rows mechanism x delivery, all phases pooled."""
+    over = report.over_pooled()
+    devices = report.devices_in_cells()
+    by_workload: dict[str, dict[tuple, dict[str, CellStats]]] = {}
+    for c in report.pooled:
+        by_workload.setdefault(c.workload, {}).setdefault((c.mechanism, c.delivery), {})[c.device] = c
+    return [_device_table(f"Mechanism comparison: {w}", True, ["mechanism", "delivery"], rows, devices,
+                          report.spec, lambda c: (c.workload, c.mechanism, c.delivery, c.device) in over, False,
+                          f"compare-{i}")
+            for i, (w, rows) in enumerate(sorted(by_workload.items()))]
+
+
+def detail_section(report: Report) -> Section:
+    rows: dict[tuple, dict[str, CellStats]] = {}
+    for c in report.cells:
+        rows.setdefault(c.row_key, {})[c.device] = c
+    return _device_table("Per phase at receipt", False, ["workload", "phase", "mechanism", "delivery"], rows,
+                         report.devices_in_cells(), report.spec, lambda c: c.over, True, "phases")
+
+
+def verdict_line(report: Report) -> str:
+    d = report.defects
+    n_dropped, n_lost = int((d["outcome"] == "dropped").sum()), int((d["outcome"] == "lost").sum())
+    word = {"ok": "PASS", "over_bound": "WARN", "defects": "FAIL"}[report.verdict]
+    what = [f"{n_dropped} dropped cancel(s), {n_lost} lost trial(s)" if len(d) else "no dropped cancels or lost trials",
+            f"{len(report.over)} cell(s) over the bound" if report.over else "every cell within the bound"]
+    return f"{word}: {'; '.join(what)} ({bound_text(report.spec)}); exit {report.exit_code}"
+
+
+def headline(report: Report) -> str:
+    return f"{verdict_line(report)} - {report.n_records} cancel records from {len(report.dirs)} dataset(s)"
+
+
+def defects_section(report: Report, max_defects: int) -> Section:
+    d = report.defects
+    n_dropped, n_lost = int((d["outcome"] == "dropped").sum()), int((d["outcome"] == "lost").sum())
+    return Section(
+        f"Defects: {n_dropped} dropped cancels, {n_lost} lost trials",
+        "" if len(d) <= max_defects else f"first {max_defects} of {len(d)} shown; the JSON output lists all",
+        ["outcome", "trial id", "device", "workload", "phase", "mechanism", "delivery", "error"],
+        [[r.outcome, r.trial_id, r.device, r.workload, r.phase, r.mechanism, r.delivery, r.error]
+         for r in d.head(max_defects).itertuples()], sid="defects")
+
+
+def over_section(report: Report) -> Section:
+    bl = stats.percentile_label(report.spec.bound_percentile)
+    return Section(
+        f"Over the latency bound: {len(report.over)} cells",
+        f"{bl} latency_ms (nearest rank, even below the minimum count) compared with the bound; worst trial ids first",
+        ["device", "workload", "phase", "mechanism", "delivery", f"{bl} ms", "bound ms", "n over / n", "worst trials"],
+        [[c.device, c.workload, c.phase, c.mechanism, c.delivery, fmt_ms(c.bound_stat_ms), f"{c.bound_ms:g}",
+          f"{c.n_over}/{c.n}", " ".join(c.worst_trial_ids)] for c in report.over], sid="over")
+
+
+def hops_section(report: Report) -> Section:
+    return Section(
+        "Hop decomposition (mean ms, share of end_to_end_ms)",
+        "end_to_end = deliver (issue -> agent) + observe (agent -> native reader) + return (native call returns) "
+        "+ settle (engine reaches terminal state)",
+        ["device", "n", "end_to_end", "deliver", "observe", "return", "settle"],
+        [[h.device, str(h.n), fmt_ms(h.end_to_end_mean_ms),
+          *(f"{fmt_ms(h.means_ms[k])} ({h.share[k]:.0%})" if h.share[k] is not None else fmt_ms(h.means_ms[k])
+            for k in ("deliver_ms", "observe_ms", "return_ms", "settle_ms"))] for h in report.hops],
+        key_columns=1, sid="hops")
+
+
+def devices_section(report: Report) -> Section:
+    return Section(
+        "Devices", "device class = platform/arch/backend/device_name (what diff matches on)",
+        ["device", "hostname", "device name", "platform", "arch", "device class"],
+        [[i.device, i.hostname, i.device_name, i.platform, i.arch, i.device_class] for i in report.devices],
+        sid="devices")
+
+
+def sections(report: Report, max_defects: int = 50) -> list[Section]:
+    """Headline tables first: the comparison, then what failed, then detail."""
+    return [*comparison_sections(report), defects_section(report, max_defects), over_section(report),
+            detail_section(report), hops_section(report), devices_section(report)]
