@@ -56,6 +56,8 @@ _verified: dict[tuple[str, int, int], str] = {}
 def verify_file(path: Path, lock: FileLock) -> str:
     """Check size then sha256 of ``path`` against ``lock``; returns the sha256."""
     path = Path(path)
+    if path.is_dir():
+        raise LockError(f"model path {path} is a directory, not a model file")
     if not path.is_file():
         raise LockError(f"model file not found: {path}")
     st = path.stat()
