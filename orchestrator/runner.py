@@ -28,6 +28,8 @@ from cancelbench import sink as sinks
 
 from . import cluster
 from .clock import ClockOffset, driver_now_ns, estimate_offset
+from cancelbench.device_agents.model_check import ModelMismatchError, check_workload_files
+
 from .config import SweepConfig, WorkloadSpec, load_inputs
 from .plan import ReferenceTimeline, TrialSpec, build_plan, resolve_offset_ms
 from cancelbench.schema import SCHEMA_VERSION, derive, empty_row
@@ -35,6 +37,10 @@ from cancelbench.schema import SCHEMA_VERSION, derive, empty_row
 
 class SweepInputError(ValueError):
     """Bad input discovered before any trial ran (exit code 2)."""
+
+
+class ReferencesFailed(RuntimeError):
+    """No reference run of a cell completed: its cancel trials would all fail the same way."""
 
 
 @dataclass
@@ -45,14 +51,16 @@ class SweepResult:
     written: int
     outcomes: collections.Counter = field(default_factory=collections.Counter)
     not_run: list[str] = field(default_factory=list)
+    prior_outcomes: collections.Counter = field(default_factory=collections.Counter)  # on disk before --resume
+    stopped: list[str] = field(default_factory=list)  # one line per device stopped early (ReferencesFailed)
 
     @property
     def failures(self) -> int:
-        return sum(self.outcomes[k] for k in ("dropped", "lost", "error"))
+        return sum(self.outcomes[k] + self.prior_outcomes[k] for k in ("dropped", "lost", "error"))
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.failures else 0
+        return 1 if self.failures or self.stopped else 0
 
 
 def _unwrap(exc: BaseException) -> str:
@@ -165,13 +173,16 @@ class Sweep:
         try:
             local = not (self.address or os.environ.get("RAY_ADDRESS"))
             payloads = {wl.name: workload_payload(wl, driver_sees_files=local) for wl in self.config.workloads}
-        except LockError as exc:
+            for wl in self.config.workloads:  # architecture vs engine, for the files this driver sees
+                check_workload_files(wl.engine, {"model": wl.model, "mmproj": wl.mmproj}, local)
+        except (LockError, ModelMismatchError) as exc:
             raise SweepInputError(str(exc)) from None
         manifest_path = self.out_dir / sinks.MANIFEST
         existing = None
         if self.resume:
             existing = sinks.read_manifest(self.out_dir)
             sinks.check_schema_version(self.out_dir)
+            sinks.completed_trial_ids(self.out_dir)  # a damaged records file: exit 2 before Ray starts
             if existing.get("config") != self.config.to_json():
                 raise SweepInputError(f"{self.out_dir}: --resume with a different config than the one recorded "
                                       "in its manifest (same config required for exactly-once trials)")
@@ -181,6 +192,10 @@ class Sweep:
         return inputs, payloads, existing or {}
 
     def run(self) -> SweepResult:
+        with sinks.locked_output(self.out_dir):  # one sweep per --out at a time
+            return self._run_locked()
+
+    def _run_locked(self) -> SweepResult:
         inputs, payloads, existing = self._validate()
         cluster.connect(self.address)
         try:
@@ -225,6 +240,7 @@ class Sweep:
             raise SweepInputError(f"{self.out_dir}: the plan for the current devices differs from the recorded "
                                   "one (devices changed?); resume needs the same devices")
         done_ids = sinks.completed_trial_ids(self.out_dir) if self.resume else set()
+        prior_outcomes = sinks.outcome_counts(self.out_dir) if done_ids else collections.Counter()
         manifest = {
             "schema_version": SCHEMA_VERSION, "sweep_id": sweep_id, "config": self.config.to_json(),
             "seeds": {"seed": self.config.seed, "input_seed": self.config.effective_input_seed,
@@ -244,7 +260,7 @@ class Sweep:
             tmp.replace(self.out_dir / sinks.PLAN_FILE)
 
         sink = sinks.RecordSink(self.out_dir)
-        result = SweepResult(self.out_dir, sweep_id, planned=len(plan), written=0)
+        result = SweepResult(self.out_dir, sweep_id, planned=len(plan), written=0, prior_outcomes=prior_outcomes)
         by_device: dict[str, list[TrialSpec]] = collections.defaultdict(list)
         for t in plan:
             by_device[t.device].append(t)
@@ -269,22 +285,31 @@ class Sweep:
             def target(ctx=ctx):
                 try:
                     result.not_run.extend(ctx.run())
+                    result.stopped.extend([ctx.stopped] if ctx.stopped else [])
                 except BaseException as exc:  # surfaced after the other devices finish
                     errors.append(exc)
 
             th = threading.Thread(target=target, name=f"device-{key}", daemon=True)
             th.start()
             threads.append(th)
+        interrupted = False
         try:
             for th in threads:
                 while th.is_alive():
                     th.join(timeout=0.5)
+        except BaseException:  # KeyboardInterrupt (SIGINT): the dataset is partial
+            interrupted = True
+            raise
         finally:
-            sink.close()
-            progress.close()
-            manifest["status"] = "complete" if not result.not_run and not errors else "incomplete"
-            manifest["not_run"] = sorted(result.not_run)
-            sinks.write_json_atomic(self.out_dir / sinks.MANIFEST, manifest)
+            try:
+                sink.close()  # raises SinkError if records had to be kept as JSON lines
+            finally:
+                progress.close()
+                manifest["status"] = ("interrupted" if interrupted else
+                                      "complete" if not result.not_run and not errors and not sink.last_error
+                                      else "incomplete")
+                manifest["not_run"] = sorted(result.not_run)
+                sinks.write_json_atomic(self.out_dir / sinks.MANIFEST, manifest)
         if errors:
             raise errors[0]
         return result
@@ -317,6 +342,7 @@ class _DeviceRun:
         self.loaded: dict | None = None
         self.loaded_name: str | None = None
         self.last_phase: str | None = None  # last phase seen by status polls during a trial
+        self.stopped: str | None = None  # why this device stopped early
         self.config = sweep.config
 
     def run(self) -> list[str]:
@@ -326,6 +352,9 @@ class _DeviceRun:
                 self.record(self.key, self._run_trial(trial))
             except ray.exceptions.ActorUnschedulableError:
                 # Its node is gone: this trial and the rest cannot run on this device.
+                return [t.trial_id for t in self.trials[i:]]
+            except ReferencesFailed as exc:
+                self.stopped = f"{exc}; stopped before {len(self.trials) - i} trial(s) (listed as not_run)"
                 return [t.trial_id for t in self.trials[i:]]
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
                 self.record(self.key, self._lost_row(trial, exc))
@@ -393,7 +422,12 @@ class _DeviceRun:
         ref_key = (trial.workload, trial.mechanism)
         target_ms = None
         if trial.trial_kind == "cancel":
-            timeline = _reference_timeline(self.refs.get(ref_key, []))
+            refs = self.refs.get(ref_key, [])
+            timeline = _reference_timeline(refs)
+            if refs and not any(r.get("outcome") == "completed" for r in refs):
+                raise ReferencesFailed(f"{self.key}: workload {trial.workload}: none of the {len(refs)} reference "
+                                       f"runs of {trial.mechanism} completed; first error: "
+                                       f"{' '.join(str(refs[0].get('error')).split())[:300]}")
             try:
                 target_ms = resolve_offset_ms(trial, timeline)
             except ValueError as exc:
