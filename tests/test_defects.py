@@ -192,14 +192,40 @@ def test_resume_exit_code_agrees_with_report_on_a_lost_trial(tmp_path):
     assert read_manifest(out)["status"] == "complete"
 
 
-def test_error_found_after_ray_started_is_the_only_stderr_line(tmp_path):
-    """The agent refuses the workload at load (prompt does not fit n_ctx): after Ray and the agents
-    started, yet stderr is one line (no forwarded agent log after it) and nothing is written."""
-    cfg = write(tmp_path, '[[workload]]\nname = "w"\nn_ctx = 64\nprompt_tokens = 256\n')
+def broken_llama(tmp_path: Path) -> tuple[Path, Path]:
+    """A GGUF that passes every driver-side check (lock, architecture) but llama.cpp cannot load:
+    its agent logs llama.cpp's own error lines, which Ray forwards to the driver's stderr."""
+    import gguf
+    import numpy as np
+
+    from cancelbench.datasets.locks import sha256_file
+
+    model = tmp_path / "broken.gguf"
+    w = gguf.GGUFWriter(str(model), "llama")
+    w.add_uint32("llama.context_length", 128)
+    w.add_uint32("llama.embedding_length", 64)
+    w.add_uint32("llama.block_count", 1)
+    w.add_tensor("token_embd.weight", np.zeros((16, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    lock = tmp_path / "broken.json"
+    lock.write_text(json.dumps({"name": "b", "files": {model.name: {
+        "size": model.stat().st_size, "sha256": sha256_file(model), "source": "test"}}}))
+    return model, lock
+
+
+def test_error_found_after_ray_started_is_the_last_stderr_line(tmp_path):
+    """The agent fails to load the model after Ray and the agents started: exit 2, nothing written,
+    and no forwarded agent log line follows the error (they used to arrive after it)."""
+    model, lock = broken_llama(tmp_path)
+    cfg = write(tmp_path, f'[[workload]]\nname = "w"\nmodel = "{model}"\nlock = "{lock}"\n')
     r = cancelbench("sweep", "--config", cfg, "--out", tmp_path / "out", "--quiet")
     assert r.returncode == 2, r.stderr[-3000:]
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("cancelbench: error: ") and "exceeds n_ctx" in lines[0], r.stderr
+    assert lines[-1].startswith("cancelbench: error: ") and "could not load" in lines[-1], r.stderr
+    assert sum(line.startswith("cancelbench:") for line in lines) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "out").exists()
 
 
