@@ -23,13 +23,12 @@ import pyarrow.parquet as pq
 import ray
 
 from cancelbench.datasets.locks import LockError, load_lock, verify_file
+from cancelbench.device_agents.model_check import ModelMismatchError, check_workload_files
 
 from cancelbench import sink as sinks
 
 from . import cluster
 from .clock import ClockOffset, driver_now_ns, estimate_offset
-from cancelbench.device_agents.model_check import ModelMismatchError, check_workload_files
-
 from .config import SweepConfig, WorkloadSpec, load_inputs
 from .plan import ReferenceTimeline, TrialSpec, build_plan, resolve_offset_ms
 from cancelbench.schema import SCHEMA_VERSION, derive, empty_row
