@@ -18,32 +18,56 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_INPUT, f"cancelbench: error: {message}\n")
 
 
-def _fail(message: str) -> int:
-    print(f"cancelbench: error: {message}", file=sys.stderr)
-    return EXIT_INPUT
+def _fail(message: str, code: int = EXIT_INPUT) -> int:
+    _stop_ray()  # its log forwarding must not print after (or around) the error line
+    print(f"cancelbench: error: {' '.join(str(message).split())}", file=sys.stderr)
+    return code
+
+
+def _stop_ray() -> None:
+    """Shut down a Ray this process started or joined, so no forwarded agent log follows."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
+def _warn_threads(config, address: str | None) -> None:
+    """A local sweep asking for more llama.cpp threads than this host has cores: one warning line each."""
+    import os
+
+    from cancelbench.orchestrator.config import thread_warnings
+
+    if address or os.environ.get("RAY_ADDRESS"):
+        return  # the agents' hosts are not this one
+    for line in thread_warnings(config, os.cpu_count() or 1):
+        print(f"cancelbench: warning: {line}", file=sys.stderr)
 
 
 def cmd_sweep(args) -> int:
     from cancelbench.datasets.locks import LockError
 
-    from cancelbench.orchestrator.config import ConfigError, load_config
+    from cancelbench.orchestrator.config import ConfigError, load_config, with_trials
     from cancelbench.orchestrator.runner import SweepInputError, run_sweep
-    from cancelbench.sink import DatasetError
+    from cancelbench.sink import DatasetError, SinkError
 
     try:
         config = load_config(args.config)
         if args.trials is not None:
-            if args.trials < 1:
-                return _fail("--trials must be >= 1")
-            import dataclasses
-            config = dataclasses.replace(config, trials_per_cell=args.trials)
+            config = with_trials(config, args.trials)
+        _warn_threads(config, args.address)
         out = Path(args.out) if args.out else Path("results") / "sweep"
         result = run_sweep(config, out, address=args.address, resume=args.resume, progress=not args.quiet)
     except (ConfigError, SweepInputError, LockError, DatasetError) as exc:
         return _fail(str(exc))
+    except SinkError as exc:  # records kept as JSON lines; the dataset is incomplete
+        return _fail(str(exc), EXIT_FAILURES)
     except KeyboardInterrupt:
-        print("cancelbench: interrupted; records written so far are kept (use --resume)", file=sys.stderr)
+        _stop_ray()
+        print("cancelbench: interrupted; records written so far are kept, the manifest says "
+              "\"interrupted\" (use --resume)", file=sys.stderr)
         return 130
+    for line in result.stopped:  # a device whose reference runs all failed (exit 1)
+        print(f"cancelbench: error: {line}", file=sys.stderr)
     print(f"sweep {result.sweep_id}: {result.written} trials written to {result.out_dir} "
           f"({', '.join(f'{k} {v}' for k, v in sorted(result.outcomes.items()))})"
           + (f"; {len(result.not_run)} not run" if result.not_run else ""))
@@ -69,7 +93,15 @@ def cmd_lock(args) -> int:
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
         return _fail(f"not a file: {', '.join(missing)}")
-    write_lock(Path(args.out), args.name or Path(args.out).stem, files, args.source)
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        return _fail(f"--out {out}: directory {out.parent} does not exist")
+    if out.is_dir():
+        return _fail(f"--out {out} is a directory; give the lock file's name, e.g. {out / 'my-model.json'}")
+    try:
+        write_lock(out, args.name or out.stem, files, args.source)
+    except OSError as exc:
+        return _fail(f"--out {out}: cannot write the lock file ({exc.strerror or exc})")
     print(args.out)
     return EXIT_OK
 

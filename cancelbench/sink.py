@@ -13,23 +13,30 @@ resumed sweep reads the trial ids already present and skips them.
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import re
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from .fileio import write_atomic, write_json_atomic  # noqa: F401  (re-exported)
 from .schema import FILE_SCHEMA, PARTITION_COLUMNS, RECORD_SCHEMA, SCHEMA_VERSION
 
 RECORDS_DIR = "records"
 MANIFEST = "manifest.json"
 PLAN_FILE = "plan.parquet"
+LOCK_FILE = ".cancelbench.lock"  # held (flock) by the sweep writing the directory
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -83,18 +90,26 @@ def check_schema_version(out_dir: Path) -> int:
     return version
 
 
-def write_json_atomic(path: Path, payload: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)
 
 
 def rows_to_table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist([{c: r.get(c) for c in RECORD_SCHEMA.names} for r in rows], schema=RECORD_SCHEMA)
 
 
+class SinkError(RuntimeError):
+    """Records that could not be written as Parquet (they are kept in a JSON-lines file)."""
+
+
 class RecordSink:
-    """Buffers records and flushes them as new Parquet files (thread-safe)."""
+    """Buffers records and flushes them as new Parquet files (thread-safe).
+
+    A flush happens when ``flush_every`` records are buffered, or when
+    ``flush_seconds`` have passed since the last one: a timer thread checks that
+    even when no record arrives. A failed flush keeps its rows buffered and is
+    retried; :meth:`close` writes what Parquet still refuses to a JSON-lines file
+    (``DIR/unwritten-*.jsonl``) and raises :class:`SinkError`, so no record taken
+    is ever lost.
+    """
 
     def __init__(self, out_dir: Path, flush_every: int = 16, flush_seconds: float = 2.0) -> None:
         self.out_dir = Path(out_dir)
@@ -106,7 +121,19 @@ class RecordSink:
         self._writer_id = uuid.uuid4().hex[:8]
         self._seq = 0
         self.written = 0
+        self.last_error: BaseException | None = None
+        self._rejected: list[dict] = []  # rows the record schema cannot hold (written as JSON at close)
         records_dir(self.out_dir).mkdir(parents=True, exist_ok=True)
+        self._closed = threading.Event()
+        self._timer = threading.Thread(target=self._tick, name="record-sink-timer", daemon=True)
+        self._timer.start()
+
+    def _tick(self) -> None:
+        while not self._closed.wait(self.flush_seconds / 4):
+            with self._lock:
+                due = bool(self._buf) and time.monotonic() - self._last_flush >= self.flush_seconds
+            if due:
+                self.flush()
 
     def add(self, row: dict) -> None:
         with self._lock:
@@ -116,39 +143,192 @@ class RecordSink:
             self.flush()
 
     def flush(self) -> None:
+        """Write the buffered rows. Rows whose write fails stay buffered (retried on the next
+        flush); a row the schema cannot hold is set aside for :meth:`close`."""
         with self._lock:
             rows, self._buf = self._buf, []
             self._last_flush = time.monotonic()
-            if not rows:
-                return
-            groups: dict[tuple[str, ...], list[dict]] = {}
-            for r in rows:
-                key = tuple(sanitize_path_part(r.get(c)) for c in PARTITION_COLUMNS)
-                groups.setdefault(key, []).append(r)
-            for key, group in groups.items():
-                part_dir = records_dir(self.out_dir).joinpath(*(f"{c}={v}" for c, v in zip(PARTITION_COLUMNS, key)))
-                part_dir.mkdir(parents=True, exist_ok=True)
-                table = rows_to_table(group).select(FILE_SCHEMA.names).cast(FILE_SCHEMA)
-                name = f"part-{self._writer_id}-{self._seq:06d}.parquet"
-                self._seq += 1
-                tmp = part_dir / f".{name}.tmp"
-                pq.write_table(table, tmp)
-                os.replace(tmp, part_dir / name)
-                self.written += len(group)
+            for key, group in _by_partition(rows).items():
+                try:
+                    self._write_group(key, group)
+                except Exception as exc:  # disk full, a value the schema cannot hold...
+                    self.last_error = exc
+                    self._buf[:0] = self._set_aside_bad_rows(key, group)
+
+    def _set_aside_bad_rows(self, key: tuple[str, ...], group: list[dict]) -> list[dict]:
+        """After a failed write: rows that cannot become a table go to ``_rejected``; the
+        others are written now if that was the cause, else returned to be buffered."""
+        good = []
+        for r in group:
+            try:
+                _file_table([r])
+                good.append(r)
+            except Exception as exc:
+                self.last_error = exc
+                self._rejected.append(r)
+        if good and len(good) < len(group):
+            try:
+                self._write_group(key, good)
+                return []
+            except Exception as exc:
+                self.last_error = exc
+        return good
+
+    def _write_group(self, key: tuple[str, ...], group: list[dict]) -> None:
+        part_dir = records_dir(self.out_dir).joinpath(*(f"{c}={v}" for c, v in zip(PARTITION_COLUMNS, key)))
+        part_dir.mkdir(parents=True, exist_ok=True)
+        table = _file_table(group)
+        name = f"part-{self._writer_id}-{self._seq:06d}.parquet"
+        self._seq += 1
+        write_atomic(part_dir / name, lambda tmp: pq.write_table(table, tmp))
+        self.written += len(group)
 
     def close(self) -> None:
+        """Flush everything; what Parquet still refuses is kept as JSON lines and reported."""
+        self._closed.set()
+        if self._timer is not threading.current_thread():
+            self._timer.join()
         self.flush()
+        with self._lock:  # a last try for what failed (or arrived) since: the rest is kept as JSON lines
+            rows, unwritten, self._buf, self._rejected = self._buf, self._rejected, [], []
+            for key, group in _by_partition(rows).items():
+                try:
+                    self._write_group(key, group)
+                except Exception as exc:
+                    self.last_error = exc
+                    unwritten.extend(group)
+        if unwritten:
+            path = self.out_dir / f"unwritten-{self._writer_id}.jsonl"
+            write_atomic(path, lambda tmp: tmp.write_text(
+                "".join(json.dumps(r, default=str) + "\n" for r in unwritten)))
+            raise SinkError(f"{len(unwritten)} record(s) could not be written as Parquet "
+                            f"({' '.join(str(self.last_error).split())}); they are kept in {path}")
+
+
+def _by_partition(rows: list[dict]) -> dict[tuple[str, ...], list[dict]]:
+    groups: dict[tuple[str, ...], list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(sanitize_path_part(r.get(c)) for c in PARTITION_COLUMNS), []).append(r)
+    return groups
+
+
+def _file_table(rows: list[dict]) -> pa.Table:
+    return rows_to_table(rows).select(FILE_SCHEMA.names).cast(FILE_SCHEMA)
+
+
+def _column_on_disk(out_dir: Path, column: str) -> list:
+    """One column of every record on disk ([] when there are none); a damaged file is a DatasetError."""
+    rdir = records_dir(out_dir)
+    if not rdir.is_dir() or not any(rdir.rglob("*.parquet")):
+        return []
+    try:
+        return open_dataset(out_dir).to_table(columns=[column]).column(column).to_pylist()
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"{out_dir}: unreadable records ({' '.join(str(exc).split())[:300]}); "
+                           "move the damaged file away, its trials then run again on --resume") from None
 
 
 def completed_trial_ids(out_dir: Path) -> set[str]:
     """Trial ids already on disk (any outcome): a resumed sweep skips them."""
-    rdir = records_dir(out_dir)
-    if not rdir.is_dir() or not any(rdir.rglob("*.parquet")):
-        return set()
-    table = open_dataset(out_dir).to_table(columns=["trial_id"])
-    return set(table.column("trial_id").to_pylist())
+    return set(_column_on_disk(out_dir, "trial_id"))
 
 
 def read_records(out_dir: Path, columns: list[str] | None = None):
     """Read records as a pandas DataFrame (only the requested columns)."""
     return open_dataset(out_dir).to_table(columns=columns).to_pandas()
+
+
+def outcome_counts(out_dir: Path) -> collections.Counter:
+    """Outcomes of the records on disk (a resumed sweep's exit code counts them too)."""
+    return collections.Counter(_column_on_disk(out_dir, "outcome"))
+
+
+def partial_reason(out_dir: Path) -> str | None:
+    """Why a dataset holds only part of its plan (None when its sweep completed)."""
+    manifest = read_manifest(out_dir)
+    status = manifest.get("status")
+    if status not in ("interrupted", "running", "incomplete"):
+        return None  # complete (or a dataset written without a status)
+    planned = manifest.get("planned_trials")
+    on_disk = len(_column_on_disk(out_dir, "trial_id"))
+    why = {"interrupted": "the sweep was interrupted (use --resume)",
+           "running": "its sweep is still running, or its driver died (use --resume)",
+           "incomplete": f"{len(manifest.get('not_run') or [])} trial(s) could not run"}[status]
+    return f"{out_dir}: partial dataset, {on_disk} of {planned} planned trials on disk; {why}"
+
+
+def _create_dirs(path: Path) -> list[Path]:
+    """mkdir -p that returns the directories it created (deepest last)."""
+    missing = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir()
+    return list(reversed(missing))
+
+
+@contextlib.contextmanager
+def locked_output(out_dir: Path) -> Iterator[Path]:
+    """Hold an exclusive lock on a results directory for the life of a sweep.
+
+    ``flock`` on ``DIR/.cancelbench.lock``: a second sweep into the same
+    directory fails at once with a :class:`DatasetError` (exit 2). The lock file,
+    and the directories created for it, are removed again when the block
+    leaves them empty (a sweep refused later has written nothing).
+    """
+    out_dir = Path(out_dir)
+    try:
+        created = _create_dirs(out_dir)
+    except (FileExistsError, NotADirectoryError):
+        raise DatasetError(f"--out {out_dir}: a file is in the way (need a directory)") from None
+    except OSError as exc:
+        raise DatasetError(f"--out {out_dir}: cannot create the directory ({exc.strerror})") from None
+    if not out_dir.is_dir():
+        raise DatasetError(f"--out {out_dir}: is a file, not a directory")
+    path = out_dir / LOCK_FILE
+    try:
+        fd = _acquire(path)
+    except BaseException:
+        _remove_empty(created)
+        raise
+    try:
+        yield out_dir
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # while still held: a waiter that opened it sees the inode change
+        os.close(fd)
+        _remove_empty(created)
+
+
+def _acquire(path: Path) -> int:
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise DatasetError(f"--out {path.parent}: cannot write there ({exc.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise DatasetError(f"{path.parent} is being written by another cancelbench sweep (pid {holder}); "
+                                   "wait for it to end or choose another --out") from None
+            raise DatasetError(f"--out {path.parent}: cannot lock it ({exc.strerror})") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # else its holder removed it between our open and flock: take the new one
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            return fd
+        os.close(fd)
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    for d in reversed(dirs):  # deepest first
+        with contextlib.suppress(OSError):
+            d.rmdir()

@@ -20,6 +20,17 @@ OFFSET_PLANS = ("immediate", "uniform", "fixed", "phase")
 BACKENDS = ("cpu", "vulkan", "metal", "cuda")
 CORPORA_DIR = DATASETS_DIR / "corpora"
 
+# Upper bounds, checked before anything runs (README "Sweep configuration", bounds).
+MAX_SEED = 2**62 - 1  # input/offset seeds derive as 2*seed+1/2: still int64
+MAX_INT32 = 2**31 - 1  # the record columns of workload settings are int32
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
+MAX_OFFSET_MS = 3_600_000.0  # one hour: a fixed offset beyond any trial
+MAX_DURATION_US = 3_600_000_000  # probe engine: one hour
+MAX_TRIALS_PER_CELL = 100_000
+MAX_REFERENCE_RUNS = 1_000
+MAX_PING_SAMPLES = 10_000
+MAX_PLAN_PER_DEVICE = 1_000_000  # planned trials on one device (the plan is built in memory)
+
 
 class ConfigError(ValueError):
     """Invalid sweep configuration."""
@@ -104,13 +115,37 @@ _SWEEP_KEYS = {"seed", "input_seed", "offset_seed", "trials_per_cell", "referenc
 _WORKLOAD_KEYS = set(WorkloadSpec.__dataclass_fields__) - {"extra"}
 # Engine-specific keys passed through to the engine (tts/stt).
 _SPEECH_EXTRA = {"max_frames", "lang", "top_k", "temp", "seed", "system_prompt"}
+# Integer workload keys: (minimum, maximum).
+_WORKLOAD_INTS = {
+    "n_threads": (1, MAX_THREADS), "n_batch": (1, MAX_INT32), "n_ubatch": (1, MAX_INT32),
+    "chunk_tokens": (1, MAX_INT32), "prompt_tokens": (1, MAX_INT32), "max_tokens": (1, MAX_INT32),
+    "duration_us": (1, MAX_DURATION_US), "period_us": (1, MAX_DURATION_US),
+    "n_gpu_layers": (-1, MAX_INT32), "n_ctx": (0, MAX_INT32),
+}
 
 
-def _int(value, where: str, minimum: int | None = None) -> int:
+def _int(value, where: str, minimum: int | None = None, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{where} must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
         raise ConfigError(f"{where} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{where} must be <= {maximum}, got {value}")
+    return value
+
+
+def _number(value, where: str, minimum: float, maximum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ConfigError(f"{where} must be a number, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"{where} must be in [{minimum:g}, {maximum:g}], got {value!r}")
+    return float(value)
+
+
+def _table(data: dict, key: str, where: str) -> dict:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a table, got {value!r}")
     return value
 
 
@@ -138,16 +173,24 @@ def _workload(raw: dict, i: int) -> WorkloadSpec:
     if engine not in ENGINES:
         raise ConfigError(f"{where}: unknown engine {engine!r} (known: {', '.join(ENGINES)})")
     kwargs = {k: v for k, v in raw.items() if k in _WORKLOAD_KEYS}
-    for key in ("n_threads", "n_batch", "n_ubatch", "chunk_tokens", "prompt_tokens", "max_tokens",
-                "duration_us", "period_us"):
+    for key in ("model", "mmproj", "lock", "inputs"):
+        if key in kwargs and (not isinstance(kwargs[key], str) or not kwargs[key].strip()):
+            raise ConfigError(f"{where}.{key} must be a non-empty string, got {kwargs[key]!r}")
+    for key, (lo, hi) in _WORKLOAD_INTS.items():
         if key in kwargs:
-            _int(kwargs[key], f"{where}.{key}", 1)
-    for key in ("n_gpu_layers", "n_ctx"):
-        if key in kwargs:
-            _int(kwargs[key], f"{where}.{key}", 0 if key == "n_ctx" else -1)
+            _int(kwargs[key], f"{where}.{key}", lo, hi)
     if "backends" in kwargs:
         kwargs["backends"] = _names(kwargs["backends"], f"{where}.backends", BACKENDS)
     extra = {k: v for k, v in raw.items() if k in _SPEECH_EXTRA}
+    for key, value in extra.items():
+        if key in ("lang", "system_prompt") and not isinstance(value, str):
+            raise ConfigError(f"{where}.{key} must be a string, got {value!r}")
+        if key in ("max_frames", "top_k"):
+            _int(value, f"{where}.{key}", 1, MAX_INT32)
+        if key == "seed":
+            _int(value, f"{where}.seed", 0, MAX_SEED)
+        if key == "temp":
+            _number(value, f"{where}.temp", 0.0, 100.0)
     spec = WorkloadSpec(**kwargs, extra=extra)
     if spec.n_ubatch is not None and spec.n_ubatch > spec.n_batch:
         raise ConfigError(f"{where}: n_ubatch ({spec.n_ubatch}) must be <= n_batch ({spec.n_batch})")
@@ -160,50 +203,54 @@ def _workload(raw: dict, i: int) -> WorkloadSpec:
     return spec
 
 
-def parse_config(data: dict) -> SweepConfig:
-    """Validate a parsed TOML document; defaults fill what is absent."""
-    unknown = set(data) - {"sweep", "offsets", "devices", "workload"}
-    if unknown:
-        raise ConfigError(f"unknown top-level table(s): {', '.join(sorted(unknown))}")
-    sweep = data.get("sweep", {})
+def _sweep_kwargs(data: dict) -> dict:
+    sweep = _table(data, "sweep", "[sweep]")
     if set(sweep) - _SWEEP_KEYS:
         raise ConfigError(f"[sweep]: unknown key(s) {', '.join(sorted(set(sweep) - _SWEEP_KEYS))}")
     kw: dict = {}
     for key in ("seed", "input_seed", "offset_seed"):
         if key in sweep:
-            kw[key] = _int(sweep[key], f"sweep.{key}", 0)
+            kw[key] = _int(sweep[key], f"sweep.{key}", 0, MAX_SEED)
     if "trials_per_cell" in sweep:
-        kw["trials_per_cell"] = _int(sweep["trials_per_cell"], "sweep.trials_per_cell", 1)
+        kw["trials_per_cell"] = _int(sweep["trials_per_cell"], "sweep.trials_per_cell", 1, MAX_TRIALS_PER_CELL)
     if "reference_runs" in sweep:
-        kw["reference_runs"] = _int(sweep["reference_runs"], "sweep.reference_runs", 3)
+        kw["reference_runs"] = _int(sweep["reference_runs"], "sweep.reference_runs", 3, MAX_REFERENCE_RUNS)
     if "ping_samples" in sweep:
-        kw["ping_samples"] = _int(sweep["ping_samples"], "sweep.ping_samples", 1)
+        kw["ping_samples"] = _int(sweep["ping_samples"], "sweep.ping_samples", 1, MAX_PING_SAMPLES)
     if "mechanisms" in sweep:
         kw["mechanisms"] = _names(sweep["mechanisms"], "sweep.mechanisms", MECHANISMS)
     if "deliveries" in sweep:
         kw["deliveries"] = _names(sweep["deliveries"], "sweep.deliveries", DELIVERIES)
+    return kw
 
-    off = data.get("offsets", {})
-    if set(off) - {"plan", "fixed_ms", "min_per_phase", "max_fraction"}:
-        raise ConfigError(f"[offsets]: unknown key(s) {', '.join(sorted(set(off) - set(OffsetSpec.__dataclass_fields__)))}")
+
+def _offsets(data: dict) -> OffsetSpec:
+    off = _table(data, "offsets", "[offsets]")
+    known = set(OffsetSpec.__dataclass_fields__)
+    if set(off) - known:
+        raise ConfigError(f"[offsets]: unknown key(s) {', '.join(sorted(set(off) - known))}")
     plan = off.get("plan", "uniform")
     if plan not in OFFSET_PLANS:
         raise ConfigError(f"offsets.plan: unknown plan {plan!r} (known: {', '.join(OFFSET_PLANS)})")
     fixed = off.get("fixed_ms", [])
     if not isinstance(fixed, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in fixed):
         raise ConfigError("offsets.fixed_ms must be a list of numbers (ms)")
-    if any(v < 0 or v != v or v == float("inf") for v in fixed):
-        raise ConfigError(f"offsets.fixed_ms: offsets must be finite and >= 0, got {fixed}")
+    if any(not 0 <= v <= MAX_OFFSET_MS for v in fixed):  # also false for NaN
+        raise ConfigError(f"offsets.fixed_ms: offsets must be finite and >= 0 and <= {MAX_OFFSET_MS:.0f} "
+                          f"(one hour), got {fixed}")
     if plan == "fixed" and not fixed:
         raise ConfigError("offsets.plan = 'fixed' needs a non-empty offsets.fixed_ms")
     max_fraction = off.get("max_fraction", OffsetSpec.max_fraction)
     if isinstance(max_fraction, bool) or not isinstance(max_fraction, (int, float)) or not 0 < max_fraction <= 2:
         raise ConfigError(f"offsets.max_fraction must be in (0, 2], got {max_fraction!r}")
-    offsets = OffsetSpec(plan=plan, fixed_ms=tuple(float(v) for v in fixed),
-                         min_per_phase=_int(off.get("min_per_phase", 5), "offsets.min_per_phase", 1),
-                         max_fraction=float(max_fraction))
+    return OffsetSpec(plan=plan, fixed_ms=tuple(float(v) for v in fixed),
+                      min_per_phase=_int(off.get("min_per_phase", 5), "offsets.min_per_phase", 1,
+                                         MAX_TRIALS_PER_CELL),
+                      max_fraction=float(max_fraction))
 
-    dev = data.get("devices", {})
+
+def _devices(data: dict) -> DeviceSelector:
+    dev = _table(data, "devices", "[devices]")
     if set(dev) - {"backends", "hosts", "labels"}:
         raise ConfigError(f"[devices]: unknown key(s) {', '.join(sorted(set(dev) - {'backends', 'hosts', 'labels'}))}")
     labels = dev.get("labels", {})
@@ -212,10 +259,16 @@ def parse_config(data: dict) -> SweepConfig:
     hosts = dev.get("hosts", [])
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         raise ConfigError("devices.hosts must be a list of host names")
-    devices = DeviceSelector(backends=_names(dev.get("backends", ["cpu"]), "devices.backends", BACKENDS),
-                             hosts=tuple(hosts),
-                             labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())))
+    return DeviceSelector(backends=_names(dev.get("backends", ["cpu"]), "devices.backends", BACKENDS),
+                          hosts=tuple(hosts), labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())))
 
+
+def parse_config(data: dict) -> SweepConfig:
+    """Validate a parsed TOML document; defaults fill what is absent."""
+    unknown = set(data) - {"sweep", "offsets", "devices", "workload"}
+    if unknown:
+        raise ConfigError(f"unknown top-level table(s): {', '.join(sorted(unknown))}")
+    kw = _sweep_kwargs(data)
     raw_workloads = data.get("workload", [])
     if not isinstance(raw_workloads, list):
         raise ConfigError("[[workload]] must be an array of tables")
@@ -223,13 +276,48 @@ def parse_config(data: dict) -> SweepConfig:
     names = [w.name for w in workloads]
     if len(set(names)) != len(names):
         raise ConfigError(f"workload names must be unique, got {names}")
-    config = SweepConfig(offsets=offsets, devices=devices, workloads=workloads, **kw)
+    config = check_plan_size(SweepConfig(offsets=_offsets(data), devices=_devices(data), workloads=workloads, **kw))
     for wl in config.workloads:  # before any trial: a cell the engine cannot run is a config error
         lacking = [m for m in config.mechanisms if m not in ENGINES[wl.engine].mechanisms]
         if lacking:
             raise ConfigError(f"workload {wl.name}: the {wl.engine} engine has no mechanism(s) "
                               f"{', '.join(lacking)} (has: {', '.join(ENGINES[wl.engine].mechanisms)})")
     return config
+
+
+def trials_per_device(config: SweepConfig) -> int:
+    """Planned trials on one device (references + cancels), as build_plan makes them."""
+    per_cell = config.trials_per_cell
+    if config.offsets.plan == "phase":
+        # the phase plan aims min_per_phase cancels at each of the engine's phases
+        per_cell = max(per_cell, config.offsets.min_per_phase * max(len(ENGINES[w.engine].phases)
+                                                                    for w in config.workloads))
+    per_workload = len(config.mechanisms) * (config.reference_runs + len(config.deliveries) * per_cell)
+    return per_workload * len(config.workloads)
+
+
+def check_plan_size(config: SweepConfig) -> SweepConfig:
+    """Refuse a plan larger than MAX_PLAN_PER_DEVICE trials per device, before it is built."""
+    n = trials_per_device(config)
+    if n > MAX_PLAN_PER_DEVICE:
+        raise ConfigError(f"the plan has {n} trials per device, more than {MAX_PLAN_PER_DEVICE}; "
+                          "lower sweep.trials_per_cell or split the sweep")
+    return config
+
+
+def with_trials(config: SweepConfig, trials_per_cell: int) -> SweepConfig:
+    """``config`` with ``trials_per_cell`` replaced (the CLI's --trials), validated like the TOML key."""
+    import dataclasses
+
+    _int(trials_per_cell, "--trials", 1, MAX_TRIALS_PER_CELL)
+    return check_plan_size(dataclasses.replace(config, trials_per_cell=trials_per_cell))
+
+
+def thread_warnings(config: SweepConfig, n_cores: int) -> list[str]:
+    """One line per workload asking for more llama.cpp threads than the host has cores."""
+    return [f"workload {w.name}: n_threads = {w.n_threads} is more than this host's {n_cores} cores; "
+            "llama.cpp threads will contend and every trial slows down"
+            for w in config.workloads if w.engine != "probe" and w.n_threads > n_cores]
 
 
 def load_config(path: Path | None) -> SweepConfig:
@@ -290,16 +378,23 @@ def load_inputs(workload: WorkloadSpec) -> list[dict]:
                           "(datasets/corpora/<name>.jsonl) or a path ending in .jsonl")
     if not path.is_file():
         raise ConfigError(f"workload {workload.name}: unknown input corpus {workload.inputs!r} ({path} missing)")
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read input corpus ({exc})") from None
     items = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}:{n}: bad JSON line ({exc})") from None
-        if "id" not in item:
-            raise ConfigError(f"{path}:{n}: input without an 'id'")
+        if not isinstance(item, dict):
+            raise ConfigError(f"{path}:{n}: each line must be a JSON object like {{\"id\": ..., \"text\": ...}}, "
+                              f"got {type(item).__name__}")
+        if "id" not in item or not isinstance(item["id"], (str, int)) or isinstance(item["id"], bool):
+            raise ConfigError(f"{path}:{n}: input without a string or integer 'id'")
         _check_input(workload, item, f"{path}:{n}")
         items.append(item)
     if not items:

@@ -29,6 +29,10 @@ from .plan import ReferenceTimeline, TrialSpec, resolve_offset_ms
 OFFSET_REFRESH_S = 30.0  # re-ping an agent before a trial when its offset estimate is older
 
 
+class ReferencesFailed(RuntimeError):
+    """No reference run of a cell completed: its cancel trials would all fail the same way."""
+
+
 def _unwrap(exc: BaseException) -> str:
     """One line from an exception raised on an agent (Ray wraps it)."""
     cause = getattr(exc, "cause", None) or exc.__cause__ or exc
@@ -73,6 +77,7 @@ class DeviceRun:
         self.loaded: dict | None = None
         self.loaded_name: str | None = None
         self.last_phase: str | None = None  # last phase seen by status polls during a trial
+        self.stopped: str | None = None  # why this device stopped early
 
     def run(self) -> list[str]:
         for i, trial in enumerate(self.trials):
@@ -82,6 +87,9 @@ class DeviceRun:
             except ray.exceptions.ActorUnschedulableError:
                 # Its node is gone: this trial and the rest cannot run on this device.
                 return self._gave_up(self.trials[i:])
+            except ReferencesFailed as exc:
+                self.stopped = f"{exc}; stopped before {len(self.trials) - i} trial(s) (listed as not_run)"
+                return [t.trial_id for t in self.trials[i:]]
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
                 self.record(self.key, self._lost_row(trial, exc))
                 if not self._await_restart():
@@ -156,7 +164,12 @@ class DeviceRun:
         ref_key = (trial.workload, trial.mechanism)
         target_ms = None
         if trial.trial_kind == "cancel":
-            timeline = _reference_timeline(self.refs.get(ref_key, []))
+            refs = self.refs.get(ref_key, [])
+            timeline = _reference_timeline(refs)
+            if refs and not any(r.get("outcome") == "completed" for r in refs):
+                raise ReferencesFailed(f"{self.key}: workload {trial.workload}: none of the {len(refs)} reference "
+                                       f"runs of {trial.mechanism} completed; first error: "
+                                       f"{' '.join(str(refs[0].get('error')).split())[:300]}")
             try:
                 target_ms = resolve_offset_ms(trial, timeline)
             except ValueError as exc:

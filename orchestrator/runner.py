@@ -23,6 +23,7 @@ import ray
 
 from cancelbench import sink as sinks
 from cancelbench.datasets.locks import LockError, check_size, load_lock
+from cancelbench.device_agents.model_check import ModelMismatchError, check_workload_files
 from cancelbench.fileio import write_atomic, write_json_atomic
 from cancelbench.schema import SCHEMA_VERSION
 
@@ -45,14 +46,17 @@ class SweepResult:
     written: int
     outcomes: collections.Counter = field(default_factory=collections.Counter)
     not_run: list[str] = field(default_factory=list)
+    prior_outcomes: collections.Counter = field(default_factory=collections.Counter)  # on disk before --resume
+    stopped: list[str] = field(default_factory=list)  # one line per device stopped early (ReferencesFailed)
 
     @property
     def failures(self) -> int:
-        return sum(self.outcomes[k] for k in ("dropped", "lost", "error"))
+        return sum(self.outcomes[k] + self.prior_outcomes[k] for k in ("dropped", "lost", "error"))
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.failures or self.not_run else 0  # a trial that never ran is a failure too
+        # a trial that never ran, or a device stopped early, is a failure too
+        return 1 if self.failures or self.not_run or self.stopped else 0
 
 
 def workload_payload(wl: WorkloadSpec, driver_sees_files: bool = False) -> dict:
@@ -140,13 +144,16 @@ class Sweep:
         try:
             local = not (self.address or os.environ.get("RAY_ADDRESS"))
             payloads = {wl.name: workload_payload(wl, driver_sees_files=local) for wl in self.config.workloads}
-        except LockError as exc:
+            for wl in self.config.workloads:  # architecture vs engine, for the files this driver sees
+                check_workload_files(wl.engine, {"model": wl.model, "mmproj": wl.mmproj}, local)
+        except (LockError, ModelMismatchError) as exc:
             raise SweepInputError(str(exc)) from None
         manifest_path = self.out_dir / sinks.MANIFEST
         existing = None
         if self.resume:
             existing = sinks.read_manifest(self.out_dir)
             sinks.check_schema_version(self.out_dir)
+            sinks.completed_trial_ids(self.out_dir)  # a damaged records file: exit 2 before Ray starts
             if existing.get("config") != self.config.to_json():
                 raise SweepInputError(f"{self.out_dir}: --resume with a different config than the one recorded "
                                       "in its manifest (same config required for exactly-once trials)")
@@ -156,6 +163,10 @@ class Sweep:
         return inputs, payloads, existing or {}
 
     def run(self) -> SweepResult:
+        with sinks.locked_output(self.out_dir):  # one sweep per --out at a time
+            return self._run_locked()
+
+    def _run_locked(self) -> SweepResult:
         inputs, payloads, existing = self._validate()
         try:
             cluster.connect(self.address)  # a cluster whose auth mode we cannot match: input error
@@ -182,12 +193,13 @@ class Sweep:
         plan = build_plan(self.config, list(agents), {n: list(v) for n, v in inputs.items()})
         manifest = self._start_dataset(sweep_id, plan, probes, offsets, existing)
         done_ids = sinks.completed_trial_ids(self.out_dir) if self.resume else set()
+        prior_outcomes = sinks.outcome_counts(self.out_dir) if done_ids else collections.Counter()
         prior_refs = self._prior_reference_rows(done_ids) if done_ids else {}
         by_device: dict[str, list[TrialSpec]] = collections.defaultdict(list)
         for t in plan:
             if t.trial_id not in done_ids:
                 by_device[t.device].append(t)
-        result = SweepResult(self.out_dir, sweep_id, planned=len(plan), written=0)
+        result = SweepResult(self.out_dir, sweep_id, planned=len(plan), written=0, prior_outcomes=prior_outcomes)
         sink = sinks.RecordSink(self.out_dir)
         progress = _Progress({k: len(by_device.get(k, [])) for k in agents}, self.show_progress)
         lock = threading.Lock()
@@ -203,14 +215,22 @@ class Sweep:
                           offsets[key], sweep_id, prior_refs.get(key, []), record)
                 for key, trials in by_device.items()]
         errors: list[BaseException] = []
+        interrupted = False
         try:
-            _run_in_parallel(runs, result.not_run, errors)
+            _run_in_parallel(runs, result, errors)
+        except BaseException:  # KeyboardInterrupt (SIGINT): the dataset is partial
+            interrupted = True
+            raise
         finally:
-            sink.close()
-            progress.close()
-            manifest["status"] = "complete" if not result.not_run and not errors else "incomplete"
-            manifest["not_run"] = sorted(result.not_run)
-            write_json_atomic(self.out_dir / sinks.MANIFEST, manifest)
+            try:
+                sink.close()  # raises SinkError if records had to be kept as JSON lines
+            finally:
+                progress.close()
+                manifest["status"] = ("interrupted" if interrupted else
+                                      "complete" if not result.not_run and not errors and not sink.last_error
+                                      else "incomplete")
+                manifest["not_run"] = sorted(result.not_run)
+                write_json_atomic(self.out_dir / sinks.MANIFEST, manifest)
         if errors:
             raise errors[0]
         return result
@@ -273,11 +293,12 @@ class Sweep:
         return out
 
 
-def _run_in_parallel(runs: list[DeviceRun], not_run: list[str], errors: list[BaseException]) -> None:
+def _run_in_parallel(runs: list[DeviceRun], result: SweepResult, errors: list[BaseException]) -> None:
     """One thread per device; an exception is kept and raised after every device finished."""
     def target(run: DeviceRun) -> None:
         try:
-            not_run.extend(run.run())
+            result.not_run.extend(run.run())
+            result.stopped.extend([run.stopped] if run.stopped else [])
         except BaseException as exc:
             errors.append(exc)
 

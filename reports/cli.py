@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cancelbench.sink import DatasetError
+from cancelbench.sink import DatasetError, partial_reason
 
 from .load import Filters
 from .tables import BoundSpec, ReportSpec
@@ -124,6 +124,10 @@ def run_report(args: argparse.Namespace) -> int:
         if args.json:
             _write(args.json, renders["json"]())
         sys.stdout.write(renders[args.format]())
+        for d in args.dirs:  # an interrupted or cut-short sweep: say so (the tables cover what is on disk)
+            reason = partial_reason(Path(d))
+            if reason:
+                print(f"cancelbench report: warning: {reason}", file=sys.stderr)
     except (DatasetError, ValueError, OSError) as exc:
         return _fail("report", exc)
     return report.exit_code

@@ -1,6 +1,7 @@
 """Bad input: a clear one-line error, exit 2, and results already written untouched."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -191,3 +192,147 @@ inputs = "tts_texts"
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("cancelbench: error:") and "qwen3tts_gen" in last
     assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------- every exit-2 path: one line, nothing written
+
+def _fixture_workload(engine: str, model: str, mmproj: str | None = None, inputs: str = "text_prompts") -> str:
+    return (f'[[workload]]\nname = "w"\nengine = "{engine}"\nmodel = "fixture:{model}"\n'
+            + (f'mmproj = "fixture:{mmproj}"\n' if mmproj else "") + f'inputs = "{inputs}"\n')
+
+
+# case -> (TOML, text the one line must contain). Each would otherwise run (or crash) a sweep.
+EXIT_2_CONFIGS = {
+    "huge fixed offset": ('[offsets]\nplan = "fixed"\nfixed_ms = [1e300]\n', "<= 3600000"),
+    "nan offset": ('[offsets]\nplan = "fixed"\nfixed_ms = [nan]\n', "finite"),
+    "seed 2^63-1": ('[sweep]\nseed = 9223372036854775807\n', "sweep.seed must be <="),
+    "model = 5": ('[[workload]]\nname = "w"\nmodel = 5\n', "model must be a non-empty string"),
+    "inputs = 5": ('[[workload]]\nname = "w"\ninputs = 5\n', "inputs must be a non-empty string"),
+    "sweep = 5": ('sweep = 5\n', "[sweep] must be a table"),
+    "offsets = 'uniform'": ('offsets = "uniform"\n', "[offsets] must be a table, got 'uniform'"),
+    "devices = []": ('devices = []\n', "[devices] must be a table"),
+    "trials_per_cell 1e9": ('[sweep]\ntrials_per_cell = 1000000000\n', "trials_per_cell must be <= 100000"),
+    "plan too large": ('[sweep]\ntrials_per_cell = 100000\nreference_runs = 1000\n'
+                       '[[workload]]\nname = "a"\n[[workload]]\nname = "b"\n', "more than 1000000"),
+    "n_threads 10000": ('[[workload]]\nname = "w"\nn_threads = 10000\n', "n_threads must be <= 512"),
+    "n_batch over int32": ('[[workload]]\nname = "w"\nn_batch = 4294967296\n', "n_batch must be <="),
+    "tts talker as a text model": (_fixture_workload("text", "qwen3tts-fixture"), "'qwen3tts', a TTS talker"),
+    "text model with a tts mmproj": (_fixture_workload("tts", "text-qwen3-14m", "qwen3tts-fixture", "tts_texts"),
+                                     "needs a TTS talker"),
+    "stt mmproj for tts": (_fixture_workload("tts", "qwen3tts-fixture", "qwen3asr-fixture", "tts_texts"),
+                           "no 'qwen3tts_gen' projector"),
+    "tts mmproj for stt": (_fixture_workload("stt", "qwen3asr-fixture", "qwen3tts-fixture", "stt_clips"),
+                           "no 'qwen3a' projector"),
+    "unknown fixture": ('[[workload]]\nname = "w"\nmodel = "fixture:nope"\n', "unknown fixture 'nope'"),
+    "unknown engine": ('[[workload]]\nname = "w"\nengine = "video"\n', "unknown engine 'video'"),
+}
+
+
+def _assert_one_line_exit_2(r, message: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith("cancelbench: error: ") and message in lines[0], lines[0]
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("case", sorted(EXIT_2_CONFIGS))
+def test_every_bad_config_is_one_line_exit_2_and_writes_nothing(case, tmp_path):
+    text, message = EXIT_2_CONFIGS[case]
+    r = cancelbench("sweep", "--config", write(tmp_path, text), "--out", tmp_path / "out")
+    _assert_one_line_exit_2(r, message)
+    assert not (tmp_path / "out").exists()
+
+
+BAD_CORPORA = {
+    "a number per line": ("5\n", "must be a JSON object"),
+    "a list per line": ('["id", "text"]\n', "must be a JSON object"),
+    "not JSON": ("{id: 1}\n", "bad JSON line"),
+    "id that is a table": ('{"id": {"a": 1}, "text": "x"}\n', "'id'"),
+    "not UTF-8": (b"\xff\xfe{}\n", "cannot read input corpus"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CORPORA))
+def test_bad_corpus_lines_are_one_line_exit_2(case, tmp_path):
+    content, message = BAD_CORPORA[case]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_bytes(content if isinstance(content, bytes) else content.encode())
+    cfg = write(tmp_path, f'[[workload]]\nname = "w"\ninputs = "{corpus}"\n')
+    r = cancelbench("sweep", "--config", cfg, "--out", tmp_path / "out")
+    _assert_one_line_exit_2(r, message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_path_that_is_a_directory_says_so(tmp_path, locked_model):
+    model, lock = locked_model
+    model.unlink()
+    model.mkdir()  # same name as the lock entry, but a directory
+    r = cancelbench("sweep", "--config", real_model_config(tmp_path, model, lock), "--out", tmp_path / "new")
+    _assert_one_line_exit_2(r, "is a directory")
+    assert not (tmp_path / "new").exists()
+
+
+def test_out_onto_a_regular_file(tmp_path):
+    target = tmp_path / "afile"
+    target.write_text("keep me")
+    for out in (target, target / "sub"):
+        r = cancelbench("sweep", "--out", out)
+        _assert_one_line_exit_2(r, "file")
+    assert target.read_text() == "keep me"
+
+
+def test_out_on_a_read_only_path(tmp_path):
+    """--out on a read-only filesystem: a private read-only tmpfs (root) or a 0555 directory."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    cmd = [sys.executable, "-m", "cancelbench.cli", "sweep", "--out", str(ro / "out")]
+    if os.geteuid() == 0:  # root ignores permission bits: mount a read-only tmpfs in a private mount namespace
+        if not shutil.which("unshare"):
+            pytest.skip("needs unshare(1) to mount a read-only filesystem as root")
+        cmd = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o ro tmpfs "{ro}" && exec "$@"', "sh", *cmd]
+    else:
+        ro.chmod(0o555)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if os.geteuid() == 0 and "mount:" in r.stderr:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {r.stderr.strip()}")
+    _assert_one_line_exit_2(r, "Read-only file system" if os.geteuid() == 0 else "Permission denied")
+    ro.chmod(0o755)
+    assert not (ro / "out").exists()
+
+
+def test_resume_on_a_truncated_parquet_file(tmp_path, results):
+    part = next(results.rglob("*.parquet"))
+    part.write_bytes(part.read_bytes()[:100])
+    before = snapshot(results)
+    r = cancelbench("sweep", "--out", results, "--resume")
+    _assert_one_line_exit_2(r, "unreadable records")
+    assert snapshot(results) == before
+
+
+def test_trials_override_is_bounded(tmp_path):
+    for n, message in ((0, "--trials must be >= 1"), (10**9, "--trials must be <= 100000")):
+        r = cancelbench("sweep", "--trials", n, "--out", tmp_path / "out")
+        _assert_one_line_exit_2(r, message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_lock_out_into_a_missing_or_wrong_place(tmp_path, locked_model):
+    model, _ = locked_model
+    r = cancelbench("lock", model, "--out", tmp_path / "missing" / "m.json")
+    _assert_one_line_exit_2(r, "does not exist")
+    assert not (tmp_path / "missing").exists()
+    r = cancelbench("lock", model, "--out", tmp_path)
+    _assert_one_line_exit_2(r, "is a directory")
+
+
+def test_n_threads_above_the_cores_warns_in_one_line(tmp_path):
+    """More threads than cores is allowed (a warning) – checked on a config that then fails validation
+    later, so no sweep runs: the warning and the error are the two lines."""
+    n = (os.cpu_count() or 1) + 1
+    cfg = write(tmp_path, f'[[workload]]\nname = "w"\nn_threads = {n}\ninputs = "nope"\n')
+    r = cancelbench("sweep", "--config", cfg, "--out", tmp_path / "out")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 2, r.stderr
+    assert lines[0].startswith("cancelbench: warning: workload w: n_threads = ") and "cores" in lines[0]
+    assert lines[1].startswith("cancelbench: error:") and "unknown input corpus" in lines[1]
