@@ -116,7 +116,36 @@ def _timed(fn):
     return value, time.perf_counter() - t
 
 
+def _run_cli(out: Path) -> tuple[int, float | None]:
+    """A fresh ``cancelbench report`` writing Markdown, JSON and HTML: exit code and peak RSS (MiB)."""
+    # GNU time reports the child's own peak RSS (getrusage of children would count the forked parent).
+    timer = ["/usr/bin/time", "-f", "maxrss_kib=%M"] if Path("/usr/bin/time").exists() else []
+    cli = subprocess.run(
+        [*timer, sys.executable, "-m", "cancelbench.cli", "report", str(out), "--format", "markdown",
+         "--json", os.devnull, "--html", os.devnull], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    rss = [ln for ln in cli.stderr.splitlines() if ln.startswith("maxrss_kib=")]
+    return cli.returncode, round(int(rss[-1].split("=")[1]) / 1024, 1) if rss else None
+
+
+def _time_ray(out: Path, spec, pandas_json: str) -> tuple[float, bool]:
+    """``--engine ray`` on a local 2-CPU Ray: seconds, and whether it equals the pandas report."""
+    from cancelbench.reports import build_report
+    from cancelbench.reports.format import to_json
+
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        ray_report, t_ray = _timed(lambda: build_report([out], spec, engine="ray"))
+        return t_ray, to_json(ray_report) == pandas_json
+    finally:
+        ray.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
+    # ~65 lines: one straight sequence of timed stages and the JSON they make.
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--keep", type=Path, help="write the dataset here and keep it")
@@ -145,13 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         report, t_total = _timed(lambda: build_report([out], spec))
         _, t_render = _timed(lambda: (to_terminal(report), to_markdown(report), to_json(report)))
         _, t_diff = _timed(lambda: run_diff([out], [out]))
-        # GNU time reports the child's own peak RSS (getrusage of children would count the forked parent).
-        timer = ["/usr/bin/time", "-f", "maxrss_kib=%M"] if Path("/usr/bin/time").exists() else []
-        cli, t_cli = _timed(lambda: subprocess.run(
-            [*timer, sys.executable, "-m", "cancelbench.cli", "report", str(out), "--format", "markdown",
-             "--json", os.devnull, "--html", os.devnull], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT))))
-        rss = [ln for ln in cli.stderr.splitlines() if ln.startswith("maxrss_kib=")]
+        (cli_exit, cli_rss), t_cli = _timed(lambda: _run_cli(out))
         with_samples, t_samples = _timed(lambda: build_report([out], spec, with_samples=True))  # as the CLI does
         refs, t_refs = _timed(lambda: load_references([out]))
         page, t_html = _timed(lambda: to_html(with_samples, with_samples.samples, refs))
@@ -170,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                 "diff_dataset_against_itself": round(t_diff, 3),
                 "cli_report_markdown_json_html_fresh_process": round(t_cli, 3),
             },
-            "cli_exit_code": cli.returncode,
-            "cli_peak_rss_mib": round(int(rss[-1].split("=")[1]) / 1024, 1) if rss else None,
+            "cli_exit_code": cli_exit,
+            "cli_peak_rss_mib": cli_rss,
             "html_bytes": len(page.encode()),
             "bench_process_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "html_has_speech_bars": 'id="plot-uninterruptible"' in page,
@@ -179,15 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             "report_within_target": t_cli < 10.0,
         }
         if args.ray:
-            os.environ.setdefault("RAY_AUTH_MODE", "token")
-            import ray
-
-            ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 log_to_driver=False)
-            ray_report, t_ray = _timed(lambda: build_report([out], spec, engine="ray"))
+            t_ray, equal = _time_ray(out, spec, to_json(report))
             result["seconds"]["report_tables_ray"] = round(t_ray, 3)
-            result["ray_equal_to_pandas"] = to_json(ray_report) == to_json(report)
-            ray.shutdown()
+            result["ray_equal_to_pandas"] = equal
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)

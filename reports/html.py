@@ -98,25 +98,37 @@ def figure(fid: str, caption: str, svg: str) -> str:
     return f'<figure id="{esc(fid)}"><figcaption>{esc(caption)}</figcaption>{svg}</figure>'
 
 
+def _cap(shown: int, total: int, what: str) -> str:
+    """A caption's note when a plot shows only part of the data (never silently)."""
+    return f" (first {shown} of {total} {what}; the tables have all)" if total > shown else ""
+
+
 def report_figures(report: Report, samples: pd.DataFrame, refs: pd.DataFrame | None) -> list[str]:
-    if not len(samples):
+    if samples is None or not len(samples):
         return ["<p>No latency samples to plot.</p>"]
     spec = report.spec
     bl = stats.percentile_label(spec.bound_percentile)
+    n_w, n_d = samples["workload"].nunique(), samples["device_key"].nunique()
+    n_rows = len(samples.groupby(["workload", "device_key", "mechanism"], observed=True).size())
+    n_pairs = len(samples.groupby(["workload", "device_key"], observed=True).size())
     out = [
         figure("plot-ecdf", f"Latency ECDF per mechanism, one panel per device (rows: workload; dashed: the "
-               f"{spec.bound.default_ms:g} ms bound)", plots.plot_ecdf(samples, spec)),
-        figure("plot-dots", f"p50 and {bl} (or max) per device and mechanism, 95% bootstrap intervals",
-               plots.plot_dots(samples, spec)),
-        figure("plot-offsets", "Latency vs cancel offset, coloured by mechanism; shaded: the reference run's phases",
+               f"{spec.bound.default_ms:g} ms bound)" + _cap(min(n_d, plots.MAX_PANEL_COLUMNS), n_d, "devices")
+               + _cap(min(n_w, plots.MAX_PANEL_ROWS), n_w, "workloads"), plots.plot_ecdf(samples, spec)),
+        figure("plot-dots", f"p50 and {bl} (or max) per device and mechanism, 95% bootstrap intervals"
+               + _cap(min(n_rows, plots.MAX_DOT_ROWS), n_rows, "rows"), plots.plot_dots(samples, spec)),
+        figure("plot-offsets", "Latency vs cancel offset, coloured by mechanism; shaded: the reference run's phases"
+               + _cap(min(n_pairs, plots.MAX_OFFSET_PANELS), n_pairs, "workload x device panels"),
                plots.plot_offsets(samples, refs)),
     ]
     shares = plots.uninterruptible_shares(samples, refs)
     if len(shares):
+        n_bars = len(shares.groupby(["workload", "device_key"]).size())
         out.append(figure("plot-uninterruptible", "Speech: uninterruptible share per phase and mechanism (mean "
                           "residue of the native call in flight / half the phase's reference duration; 1 = the "
-                          "cancel waits the phase out)", plots.plot_uninterruptible(shares,
-                                                                                   plots.mechanism_colors(samples))))
+                          "cancel waits the phase out)" + _cap(min(n_bars, plots.MAX_BAR_PANELS), n_bars,
+                                                               "workload x device panels"),
+                          plots.plot_uninterruptible(shares, plots.mechanism_colors(samples))))
     return out
 
 

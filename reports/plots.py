@@ -35,6 +35,7 @@ MAX_ECDF_POINTS = 200  # per line: evenly in rank (every half percent), the step
 MAX_SCATTER_POINTS = 6000  # per page
 MAX_PANEL_COLUMNS = 4
 MAX_PANEL_ROWS = 6
+MAX_OFFSET_PANELS = 6  # every panel costs a fixed share of the page's render time
 MAX_DOT_ROWS = 48
 N_BOOT = 1000
 SPEECH_ENGINES = ("tts", "stt")
@@ -211,6 +212,11 @@ def phase_bands(ref: pd.Series) -> list[tuple[str, float, float]]:
         return []  # a malformed timeline draws no bands; the points still plot
 
 
+def offset_panels(samples: pd.DataFrame) -> list[tuple[str, str]]:
+    """The (workload, device) pairs with samples, in name order, at most MAX_OFFSET_PANELS."""
+    return list(_groups(samples, ["workload", "device_key"]))[:MAX_OFFSET_PANELS]
+
+
 def plot_offsets(samples: pd.DataFrame, refs: pd.DataFrame, seed: int = 0) -> str:
     """Latency vs cancel offset per (workload, device) panel, coloured by
     mechanism, the reference run's phases shaded behind."""
@@ -218,30 +224,32 @@ def plot_offsets(samples: pd.DataFrame, refs: pd.DataFrame, seed: int = 0) -> st
     if len(samples) > MAX_SCATTER_POINTS:
         keep = np.sort(np.random.default_rng(seed).choice(len(samples), MAX_SCATTER_POINTS, replace=False))
         samples = samples.iloc[keep]
-    workloads, devices = _panels(samples)
+    pairs = offset_panels(samples)
     groups = _groups(samples, ["workload", "device_key", "mechanism"])
     off, lat = samples["offset_actual_ms"].to_numpy(), samples["latency_ms"].to_numpy()
     references = reference_runs(refs)
-    fig, axes = _grid(len(workloads), len(devices), 2.8, sharey=True)
+    cols = min(3, len(pairs))
+    fig, axes = _grid((len(pairs) + cols - 1) // cols, cols, 2.8, sharey=True)
+    for ax in axes.flat[len(pairs):]:
+        ax.set_visible(False)
     shades = ["#f2f2f2", "#dde6f0"]
-    for wi, w in enumerate(workloads):
-        for di, d in enumerate(devices):
-            ax = axes[wi][di]
-            ref = references.get((w, d))
-            for k, (phase, a, b) in enumerate(phase_bands(ref) if ref is not None else []):
-                ax.axvspan(a, b, color=shades[k % 2], zorder=0)
-                ax.text((a + b) / 2, 1.0, plot_label(phase), transform=ax.get_xaxis_transform(), ha="center",
-                        va="bottom", fontsize=7, color="#444", clip_on=False)
-            for m in colors:
-                idx = groups.get((w, d, m))
-                if idx is not None:
-                    ax.scatter(off[idx], lat[idx], s=5, alpha=0.7, color=colors[m], rasterized=len(off) > 1500,
-                               zorder=2)  # many points: one embedded PNG per panel, not a vector marker each
-            ax.set_title(plot_label(f"{d} · {w}"), fontsize=9, pad=12)
-            ax.grid(True, alpha=0.3)
-            if di == 0:
-                ax.set_ylabel("latency_ms", fontsize=8)
-            ax.set_xlabel("cancel offset from hand-back, ms", fontsize=8)
+    for i, (ax, (w, d)) in enumerate(zip(axes.flat, pairs)):
+        ref = references.get((w, d))
+        for k, (phase, a, b) in enumerate(phase_bands(ref) if ref is not None else []):
+            ax.axvspan(a, b, color=shades[k % 2], zorder=0)
+            ax.text((a + b) / 2, 1.0, plot_label(phase), transform=ax.get_xaxis_transform(), ha="center",
+                    va="bottom", fontsize=7, color="#444", clip_on=False)
+        for m in colors:
+            idx = groups.get((w, d, m))
+            if idx is not None:
+                ax.scatter(off[idx], lat[idx], s=5, alpha=0.7, color=colors[m], rasterized=len(off) > 1500,
+                           zorder=2)  # many points: one embedded PNG per panel, not a vector marker each
+        ax.set_title(plot_label(f"{d} · {w}"), fontsize=9, pad=12)
+        ax.grid(True, alpha=0.3)
+        ax.locator_params(axis="x", nbins=5)
+        if i % cols == 0:
+            ax.set_ylabel("latency_ms", fontsize=8)
+        ax.set_xlabel("cancel offset from hand-back, ms", fontsize=8)
     handles = [axes[0][0].scatter([], [], s=12, color=c, label=plot_label(m)) for m, c in colors.items()]
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 1.0))
@@ -277,7 +285,7 @@ def uninterruptible_shares(samples: pd.DataFrame, refs: pd.DataFrame) -> pd.Data
     return pd.DataFrame(rows, columns=["workload", "device_key", "phase", "mechanism", "share", "n", "order"])
 
 
-MAX_BAR_PANELS = 8
+MAX_BAR_PANELS = 4
 
 
 def plot_uninterruptible(shares: pd.DataFrame, colors: dict[str, str]) -> str:

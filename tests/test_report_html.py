@@ -92,6 +92,16 @@ def test_plot_samples_from_the_report_scan_equal_a_separate_scan(hostile_dataset
         pd.testing.assert_frame_equal(one_scan, load_plot_samples([data]))
 
 
+def test_plots_that_show_part_of_the_data_say_so(tmp_path):
+    hosts = ["hostA", "hostB", "mac1", "mac2", "hostE"]  # five devices: the ECDF grid shows four
+    rows = [r for h in hosts for r in cell_rows(h, [1.0, 2.0, 3.0, 4.0, 5.0], host=h)]
+    d = write_dataset(tmp_path / "five", rows)
+    page = to_html(build_report([d]), load_plot_samples([d]), load_references([d]))
+    assert "(first 4 of 5 devices; the tables have all)" in page
+    assert "hostE/cpu:0" in page.split('id="plot-ecdf"')[0]  # ... and the comparison table has the fifth
+    assert "of 5 workload x device panels" not in page  # five offset panels fit (at most six)
+
+
 def test_mathtext_and_control_chars_in_labels_do_not_break_plots(tmp_path):
     rows = cell_rows("m", [1.0, 2.0, 3.0, 4.0, 5.0], host="hostB", phase="$x^{$", workload="w\nx")
     d = write_dataset(tmp_path / "m", rows)
