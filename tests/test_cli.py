@@ -201,6 +201,8 @@ def _fixture_workload(engine: str, model: str, mmproj: str | None = None, inputs
             + (f'mmproj = "fixture:{mmproj}"\n' if mmproj else "") + f'inputs = "{inputs}"\n')
 
 
+_ABSENT = "cuda" if sys.platform == "darwin" else "metal"  # a backend this host cannot offer
+
 # case -> (TOML, text the one line must contain). Each would otherwise run (or crash) a sweep.
 EXIT_2_CONFIGS = {
     "huge fixed offset": ('[offsets]\nplan = "fixed"\nfixed_ms = [1e300]\n', "<= 3600000"),
@@ -225,6 +227,8 @@ EXIT_2_CONFIGS = {
                            "no 'qwen3a' projector"),
     "unknown fixture": ('[[workload]]\nname = "w"\nmodel = "fixture:nope"\n', "unknown fixture 'nope'"),
     "unknown engine": ('[[workload]]\nname = "w"\nengine = "video"\n', "unknown engine 'video'"),
+    # Found after the local Ray started: still one line, nothing written.
+    "backend the cluster lacks": (f'[devices]\nbackends = ["{_ABSENT}"]\n', f"backend(s) {_ABSENT} requested"),
 }
 
 
