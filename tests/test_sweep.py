@@ -69,11 +69,12 @@ def test_uniform_sweep_writes_the_documented_dataset(local_ray, tmp_path):
     for col in ("hostname", "cpu_model", "llama_cpp_python_version", "cancelbench_version", "model_sha256"):
         assert df[col].notna().all(), col
     # The end-of-sweep summary: one row per device x workload x mechanism x delivery.
-    from cancelbench.reports.summary import summary_section
-    section = summary_section([out])
-    assert len(section.rows) == 3 * 2
-    assert {(r[2], r[3]) for r in section.rows} == {(m, d) for m in ("between_calls", "abort_callback", "chunked")
-                                                    for d in ("driver", "agent")}
+    from cancelbench.reports import build_report
+    pooled = build_report([out]).pooled
+    assert len(pooled) == 3 * 2
+    assert {(c.mechanism, c.delivery) for c in pooled} == {(m, d) for m in ("between_calls", "abort_callback",
+                                                                             "chunked") for d in ("driver", "agent")}
+    assert sum(c.n_trials for c in pooled) == 12
     # DuckDB reads the same files with hive partitioning.
     duckdb = pytest.importorskip("duckdb")
     n = duckdb.sql(f"select count(*) from read_parquet('{out}/records/**/*.parquet', hive_partitioning=true)"
