@@ -17,20 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from .gguf_out import FixtureWriter, Rng, ones
-from .paths import MODELS_DIR
-from .qwen_common import ASR_SPECIALS, CHATML_TEMPLATE, bpe_vocab, write_qwen_text_block, write_qwen_text_hparams
+from .qwen_common import (ASR_SPECIALS, CHATML_TEMPLATE, QwenSpec, bpe_vocab, write_pair, write_qwen_text_block,
+                          write_qwen_text_hparams)
 
 @dataclass(frozen=True)
-class AsrFixtureSpec:
+class AsrFixtureSpec(QwenSpec):
     name: str = "qwen3asr-fixture"
     seed: int = 27182
-    n_embd: int = 384
-    n_layer: int = 6
-    n_head: int = 6
-    n_head_kv: int = 2
-    head_dim: int = 64
-    n_ff: int = 1024
-    rope_sections: tuple[int, int, int, int] = (12, 10, 10, 0)
+    n_layer: int = 6  # the other text-stack fields: QwenSpec's defaults
     # qwen3a encoder
     n_mel: int = 128
     conv_channels: int = 64
@@ -43,10 +37,6 @@ class AsrFixtureSpec:
     def text_file(self) -> str:
         return f"{self.name}-text.gguf"
 
-    @property
-    def mmproj_file(self) -> str:
-        return f"{self.name}-mmproj.gguf"
-
 
 ASR_FIXTURE = AsrFixtureSpec()
 
@@ -57,23 +47,14 @@ def write_asr_fixture(out_dir: Path | None = None, spec: AsrFixtureSpec = ASR_FI
 
     ``opts`` go to :class:`FixtureWriter` (``q8``, ``data``, ``progress``).
     """
-    out_dir = Path(out_dir or MODELS_DIR)
-    return {"model": _write_asr_text(FixtureWriter(out_dir / spec.text_file, "qwen3vl", **opts), spec),
-            "mmproj": _write_asr_mmproj(FixtureWriter(out_dir / spec.mmproj_file, "clip", **opts), spec)}
+    return write_pair(out_dir, spec, (spec.text_file, "qwen3vl", _write_asr_text), _write_asr_mmproj, opts)
 
 
 def _write_asr_text(w: FixtureWriter, s: AsrFixtureSpec) -> Path:
     rng = Rng(s.seed)
     tokens, types, merges = bpe_vocab(ASR_SPECIALS)
     n_vocab = len(tokens)
-    write_qwen_text_hparams(w, "qwen3vl", s.name + "-text", s.n_embd, s.n_layer, s.n_head, s.n_head_kv,
-                            s.head_dim, s.n_ff, s.rope_sections, 1000000.0)
-    w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
+    write_qwen_text_hparams(w, "qwen3vl", s.name + "-text", s, n_vocab, (tokens, types, merges))
     im_end = tokens.index("<|im_end|>")
     w.add_bos_token_id(im_end)  # Qwen3ASRTextModel.set_vocab: bos = eos = <|im_end|>
     w.add_eos_token_id(im_end)
@@ -82,7 +63,7 @@ def _write_asr_text(w: FixtureWriter, s: AsrFixtureSpec) -> Path:
     w.add_tensor("token_embd.weight", rng.uniform((n_vocab, s.n_embd), 0.5))
     w.add_tensor("output_norm.weight", ones(s.n_embd))
     w.add_tensor("output.weight", rng.linear(n_vocab, s.n_embd, 2.0))
-    write_qwen_text_block(w, rng, s.n_layer, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
+    write_qwen_text_block(w, rng, s)
     return w.finish()
 
 

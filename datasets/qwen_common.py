@@ -6,7 +6,12 @@ llama-cpp-python 0.3.36 (see :mod:`.tts_recipes` and :mod:`.asr_recipes`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
 from .gguf_out import FixtureWriter, Rng, ones
+from .paths import MODELS_DIR
 
 # Named codec ids of talker_config (the conversion names row i of the codec
 # vocab "<|prefix|>" for every "<prefix>_id" key). codec_bos (2149), codec_eos
@@ -90,41 +95,76 @@ CHATML_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['rol
                    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
-def write_qwen_text_block(w: FixtureWriter, rng: Rng, n_layer: int, n_embd: int, n_head: int, n_head_kv: int,
-                           head_dim: int, n_ff: int) -> None:
+@dataclass(frozen=True)
+class QwenSpec:
+    """The qwen3vl text stack both speech recipes write (TTS talker, ASR text model) and the pair's name."""
+
+    name: str
+    seed: int
+    n_embd: int = 384
+    n_layer: int = 4
+    n_head: int = 6
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_ff: int = 1024
+    rope_sections: tuple[int, int, int, int] = (12, 10, 10, 0)  # sum = head_dim / 2, as 24/20/20 for 128
+
+    @property
+    def mmproj_file(self) -> str:
+        return f"{self.name}-mmproj.gguf"
+
+
+def write_pair(out_dir: Path | None, spec: QwenSpec, model: tuple[str, str, Callable], mmproj: Callable,
+               opts: dict) -> dict[str, Path]:
+    """Write a (text model, clip mmproj) pair; ``model`` is (file name, arch, writer function)."""
+    out_dir = Path(out_dir or MODELS_DIR)
+    file_name, arch, write_model = model
+    return {"model": write_model(FixtureWriter(out_dir / file_name, arch, **opts), spec),
+            "mmproj": mmproj(FixtureWriter(out_dir / spec.mmproj_file, "clip", **opts), spec)}
+
+
+def write_qwen_text_block(w: FixtureWriter, rng: Rng, s: QwenSpec) -> None:
     """blk.* of the qwen3vl graph (llama_model_qwen3vl::load_arch_tensors)."""
-    for i in range(n_layer):
+    hd = s.head_dim
+    for i in range(s.n_layer):
         p = f"blk.{i}"
-        w.add_tensor(f"{p}.attn_norm.weight", ones(n_embd))
-        w.add_tensor(f"{p}.attn_q.weight", rng.linear(n_head * head_dim, n_embd))
-        w.add_tensor(f"{p}.attn_k.weight", rng.linear(n_head_kv * head_dim, n_embd))
-        w.add_tensor(f"{p}.attn_v.weight", rng.linear(n_head_kv * head_dim, n_embd))
-        w.add_tensor(f"{p}.attn_output.weight", rng.linear(n_embd, n_head * head_dim, 0.5))
-        w.add_tensor(f"{p}.attn_q_norm.weight", ones(head_dim))
-        w.add_tensor(f"{p}.attn_k_norm.weight", ones(head_dim))
-        w.add_tensor(f"{p}.ffn_norm.weight", ones(n_embd))
-        w.add_tensor(f"{p}.ffn_gate.weight", rng.linear(n_ff, n_embd))
-        w.add_tensor(f"{p}.ffn_up.weight", rng.linear(n_ff, n_embd))
-        w.add_tensor(f"{p}.ffn_down.weight", rng.linear(n_embd, n_ff, 0.5))
+        w.add_tensor(f"{p}.attn_norm.weight", ones(s.n_embd))
+        w.add_tensor(f"{p}.attn_q.weight", rng.linear(s.n_head * hd, s.n_embd))
+        w.add_tensor(f"{p}.attn_k.weight", rng.linear(s.n_head_kv * hd, s.n_embd))
+        w.add_tensor(f"{p}.attn_v.weight", rng.linear(s.n_head_kv * hd, s.n_embd))
+        w.add_tensor(f"{p}.attn_output.weight", rng.linear(s.n_embd, s.n_head * hd, 0.5))
+        w.add_tensor(f"{p}.attn_q_norm.weight", ones(hd))
+        w.add_tensor(f"{p}.attn_k_norm.weight", ones(hd))
+        w.add_tensor(f"{p}.ffn_norm.weight", ones(s.n_embd))
+        w.add_tensor(f"{p}.ffn_gate.weight", rng.linear(s.n_ff, s.n_embd))
+        w.add_tensor(f"{p}.ffn_up.weight", rng.linear(s.n_ff, s.n_embd))
+        w.add_tensor(f"{p}.ffn_down.weight", rng.linear(s.n_embd, s.n_ff, 0.5))
 
 
-def write_qwen_text_hparams(w: FixtureWriter, arch: str, name: str, n_embd: int, n_layer: int, n_head: int, n_head_kv: int,
-                             head_dim: int, n_ff: int, sections: tuple[int, ...], rope_base: float) -> None:
+def write_qwen_text_hparams(w: FixtureWriter, arch: str, name: str, s: QwenSpec, n_vocab: int,
+                            vocab: tuple[list[str], list[int], list[str]]) -> None:
+    """Hyperparameters of the qwen3vl text stack, then the byte-level BPE tokenizer (gpt2 / qwen2)."""
     import gguf
 
     w.add_name(name)
     w.add_context_length(8192)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
-    w.add_rope_freq_base(rope_base)
+    w.add_embedding_length(s.n_embd)
+    w.add_block_count(s.n_layer)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv)
+    w.add_key_length(s.head_dim)
+    w.add_value_length(s.head_dim)
+    w.add_rope_dimension_count(s.head_dim)
+    w.add_rope_freq_base(1000000.0)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_array(f"{arch}.rope.dimension_sections", list(sections))
+    w.add_array(f"{arch}.rope.dimension_sections", list(s.rope_sections))
     w.add_uint32(f"{arch}.n_deepstack_layers", 0)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-
+    tokens, types, merges = vocab
+    w.add_vocab_size(n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)

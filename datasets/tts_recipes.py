@@ -32,23 +32,16 @@ from pathlib import Path
 import numpy as np
 
 from .gguf_out import FixtureWriter, Rng, ones
-from .paths import MODELS_DIR
 from .qwen_common import (C2W_DAC_RES, C2W_TFM_HEADS, C2W_TFM_LAYERS, C2W_UPSAMPLE_BLOCKS, N_ACOUSTIC,
                           N_CODEC_VOCAB, N_SEMANTIC_CODES, TTS_CODEC_IDS, TTS_TEXT_SPECIALS, bpe_vocab,
-                          tts_codec_token_names, write_qwen_text_block, write_qwen_text_hparams)
+                          QwenSpec, tts_codec_token_names, write_pair, write_qwen_text_block,
+                          write_qwen_text_hparams)
 
 @dataclass(frozen=True)
-class TtsFixtureSpec:
+class TtsFixtureSpec(QwenSpec):
     name: str = "qwen3tts-fixture"
     seed: int = 31337
-    # talker (qwen3tts = qwen3vl graph)
-    n_embd: int = 384
-    n_layer: int = 4
-    n_head: int = 6
-    n_head_kv: int = 2
-    head_dim: int = 64
-    n_ff: int = 1024
-    rope_sections: tuple[int, int, int, int] = (12, 10, 10, 0)  # sum = head_dim / 2, as 24/20/20 for 128
+    # talker (qwen3tts = qwen3vl graph): the QwenSpec fields
     # code predictor (a.gen.code.*)
     pred_embd: int = 128
     pred_layers: int = 5
@@ -74,10 +67,6 @@ class TtsFixtureSpec:
     def talker_file(self) -> str:
         return f"{self.name}-talker.gguf"
 
-    @property
-    def mmproj_file(self) -> str:
-        return f"{self.name}-mmproj.gguf"
-
 
 TTS_FIXTURE = TtsFixtureSpec()
 
@@ -88,9 +77,7 @@ def write_tts_fixture(out_dir: Path | None = None, spec: TtsFixtureSpec = TTS_FI
 
     ``opts`` go to :class:`FixtureWriter` (``q8``, ``data``, ``progress``).
     """
-    out_dir = Path(out_dir or MODELS_DIR)
-    return {"model": _write_tts_talker(FixtureWriter(out_dir / spec.talker_file, "qwen3tts", **opts), spec),
-            "mmproj": _write_tts_mmproj(FixtureWriter(out_dir / spec.mmproj_file, "clip", **opts), spec)}
+    return write_pair(out_dir, spec, (spec.talker_file, "qwen3tts", _write_tts_talker), _write_tts_mmproj, opts)
 
 
 def _write_tts_talker(w: FixtureWriter, s: TtsFixtureSpec) -> Path:
@@ -102,14 +89,7 @@ def _write_tts_talker(w: FixtureWriter, s: TtsFixtureSpec) -> Path:
     n_vocab = len(tokens)
     codec_eos = n_text + TTS_CODEC_IDS["codec_eos_token"]
 
-    write_qwen_text_hparams(w, "qwen3tts", s.name + "-talker", s.n_embd, s.n_layer, s.n_head, s.n_head_kv,
-                            s.head_dim, s.n_ff, s.rope_sections, 1000000.0)
-    w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
+    write_qwen_text_hparams(w, "qwen3tts", s.name + "-talker", s, n_vocab, (tokens, types, merges))
     w.add_bos_token_id(text_tokens.index("<|endoftext|>"))
     w.add_add_bos_token(False)
     # conversion/qwen3tts.py set_gguf_parameters: suppress the last 1024 codec rows except eos
@@ -122,7 +102,7 @@ def _write_tts_talker(w: FixtureWriter, s: TtsFixtureSpec) -> Path:
     w.add_tensor("token_embd.weight", rng.uniform((n_vocab, s.n_embd), 0.5))
     w.add_tensor("output_norm.weight", ones(s.n_embd))
     w.add_tensor("output.weight", rng.linear(N_CODEC_VOCAB, s.n_embd, 2.0))  # codec_head
-    write_qwen_text_block(w, rng, s.n_layer, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
+    write_qwen_text_block(w, rng, s)
     return w.finish()
 
 
