@@ -105,11 +105,13 @@ def immediate_latched(run_trial, n: int) -> list[float]:
     return out
 
 
-def immediate_dropped(run_trial, n: int) -> list[float]:
+def immediate_dropped(run_trial, n: int) -> list[tuple[float, float]]:
     """Comparison mode only: the status quo that drops the cancel (never delivered to the engine).
 
     The caller issued a cancel at t0; the synthesis runs to completion and the caller
-    discards its result, so the cancel costs t_terminal - t0.
+    discards its result, so the cancel costs t_terminal - t0. As the field report did,
+    each dropped cancel is paired with the full synthesis that follows it in the same
+    run: returns (cost ms, following synthesis ms) pairs.
     """
     out = []
     for _ in range(n):
@@ -117,16 +119,18 @@ def immediate_dropped(run_trial, n: int) -> list[float]:
         t0 = native.now_ns()
         r = run_trial(ctl)  # the dropped cancel: ctl.request() is never called
         assert r.outcome == "completed", r.outcome
-        out.append((r.t_terminal_ns - t0) / 1e6)
+        nxt = run_trial(BS._ctl())
+        assert nxt.outcome == "completed", nxt.outcome
+        out.append(((r.t_terminal_ns - t0) / 1e6, (nxt.t_terminal_ns - nxt.t_start_ns) / 1e6))
     return out
 
 
 def immediate_cells(run_trial, ref_ms: float, n_latched: int, n_dropped: int) -> dict:
     lat = immediate_latched(run_trial, n_latched)
-    drop = immediate_dropped(run_trial, n_dropped) if n_dropped else []
-    return {"latched_ms": lat, "dropped_ms": drop, "reference_ms": ref_ms,
-            "latched_cost_ratio_max": max(lat) / ref_ms if lat else None,
-            "dropped_cost_ratio": [round(d / ref_ms, 3) for d in drop]}
+    pairs = immediate_dropped(run_trial, n_dropped) if n_dropped else []
+    return {"latched_ms": lat, "dropped_ms": [c for c, _ in pairs], "following_full_ms": [f for _, f in pairs],
+            "reference_ms": ref_ms, "latched_cost_ratio_max": max(lat) / ref_ms if lat else None,
+            "dropped_cost_ratio": [round(c / f, 3) for c, f in pairs]}
 
 
 # ----------------------------------------------------------------------------- one engine
@@ -177,8 +181,9 @@ def comparison(result: dict) -> list[dict]:
         c2w = {k: v["phases"].get("code2wav", {}) for k, v in m.items()}
         rows.append({"row": "TTS code2wav window (72 frames, 1920 samples/frame), CPU",
                      "field": f"{_rng(FIELD['code2wav_window_ms_cpu'])} ms (cancel waits for it)",
-                     "cancelbench": f"{_r(first['call_ms']['code2wav'], 0)} ms, {first['n_samples']} samples "
-                                    f"returned ({first['samples_per_frame']}/frame)"})
+                     "cancelbench": f"{_r(first['call_ms']['code2wav'], 0)} ms per window call (a full 72-frame "
+                                    f"graph, {72 * first['samples_per_frame']:,} samples; {first['n_samples']} "
+                                    f"returned for the trial's frames)"})
         for mech, cell in c2w.items():
             lat = cell.get("latency_ms", {})
             rows.append({"row": f"TTS cancel in flight in code2wav, `{mech}` (p50 / max)",
@@ -189,7 +194,8 @@ def comparison(result: dict) -> list[dict]:
                      "field": f"{_rng(FIELD['immediate_dropped_ms_cpu'])} ms CPU = "
                               f"{_rng([x * 100 for x in FIELD['immediate_dropped_cost_ratio']])}% of a synthesis",
                      "cancelbench": f"{', '.join(f'{d:.0f}' for d in imm['dropped_ms'])} ms = "
-                                    f"{', '.join(f'{x * 100:.0f}' for x in imm['dropped_cost_ratio'])}% (emulated)"})
+                                    f"{', '.join(f'{x * 100:.0f}' for x in imm['dropped_cost_ratio'])}% of the "
+                                    "synthesis that followed (emulated)"})
         rows.append({"row": "TTS cancel before the engine is active: latched",
                      "field": f"{_rng(FIELD['immediate_latched_ms_cpu'])} ms CPU (after #596)",
                      "cancelbench": f"max {max(imm['latched_ms']):.3f} ms = "

@@ -171,3 +171,14 @@ def test_field_sets_match_their_locks_and_the_tts_pair_decodes_a_window(tmp_path
     assert main(["fixtures", "--scale", "field", "--out", str(tmp_path)]) == 0  # verifies against the locks
     pcm = _one_window(field.set_paths(field.FIELD_TTS.name, tmp_path))
     assert pcm.shape == (138_240,) and np.isfinite(pcm).all()
+
+
+def test_a_cached_field_file_that_no_longer_matches_its_lock_is_one_line_exit_2(tmp_path, capsys):
+    from cancelbench.cli import main
+
+    stale = tmp_path / field.FIELD_TEXT.file_name
+    stale.write_bytes(b"GGUF truncated")
+    assert main(["fixtures", "--scale", "field", "--which", "text", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not match lock" in err[0] and stale.name in err[0]
+    assert stale.read_bytes() == b"GGUF truncated"  # nothing rewritten
