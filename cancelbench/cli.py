@@ -81,7 +81,13 @@ def cmd_sweep(args) -> int:
 def cmd_fixtures(args) -> int:
     from cancelbench.datasets.fixtures import generate_all
 
-    for path in generate_all(Path(args.out) if args.out else None, which=args.which):
+    from cancelbench.datasets.locks import LockError
+
+    try:
+        paths = generate_all(Path(args.out) if args.out else None, which=args.which, scale=args.scale)
+    except LockError as exc:  # a cached file that no longer matches its lock: say which, write nothing more
+        return _fail(str(exc))
+    for path in paths:
         print(path)
     return EXIT_OK
 
@@ -120,9 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-summary", action="store_true", help="do not print the summary table at the end")
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("fixtures", help="generate the fixture models (tiny random-weight GGUFs)")
+    p = sub.add_parser("fixtures", help="generate the fixture models (random-weight GGUFs)")
     p.add_argument("--out", help="directory (default datasets/models or $CANCELBENCH_MODELS_DIR)")
     p.add_argument("--which", choices=("all", "text", "speech"), default="all")
+    p.add_argument("--scale", choices=("fixture", "field"), default="fixture",
+                   help="fixture: the tiny test models (default); field: the published Qwen3-TTS-0.6B / "
+                        "Qwen3-ASR-0.6B / Qwen3-0.6B sizes, Q8_0, ~1.9 GB, with progress on stderr")
     p.set_defaults(func=cmd_fixtures)
 
     p = sub.add_parser("lock", help="write a lock file (size, sha256) for real model files")

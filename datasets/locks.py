@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from cancelbench.fileio import write_json_atomic
 
 LOCKS_DIR = Path(__file__).resolve().parent / "locks"
 
@@ -91,6 +92,4 @@ def verify_against(path: Path, lock_path: Path) -> str:
 def write_lock(lock_path: Path, name: str, files: dict[str, Path], source: str) -> None:
     payload = {"name": name, "files": {
         p.name: {"size": p.stat().st_size, "sha256": sha256_file(p), "source": source} for p in files.values()}}
-    tmp = Path(lock_path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, lock_path)
+    write_json_atomic(Path(lock_path), payload)

@@ -7,7 +7,7 @@ import pytest
 from llama_cpp import mtmd_cpp as M
 
 from cancelbench.datasets import speech_fixtures as SF
-from cancelbench.datasets.locks import load_lock, verify_against
+from cancelbench.datasets.locks import LockError, load_lock, verify_against, verify_file
 from cancelbench.device_agents.engines import llama_runtime as rt
 from cancelbench.device_agents.engines import mtmd_ext as X
 
@@ -63,10 +63,20 @@ def test_loads_through_the_real_llama_and_mtmd_path(kind):
 
 
 def test_real_model_lock_examples_are_well_formed_and_never_match(tmp_path):
+    """The example locks' placeholders match no file: not an empty one (size 0 is the
+    placeholder size, so only the sha256 can refuse it), not a fixture model."""
+    fixture = SF.ensure_speech_fixtures()["tts"]["model"]
     for name in ("qwen3-tts-real.example.json", "qwen3-asr-real.example.json"):
         locks = load_lock(SF.DATASETS_DIR / "locks" / name)
         assert len(locks) == 2
-        assert all(len(v.sha256) == 64 for v in locks.values())
+        for file_name, lock in locks.items():
+            assert len(lock.sha256) == 64
+            empty = tmp_path / file_name
+            empty.write_bytes(b"")
+            with pytest.raises(LockError, match="sha256"):
+                verify_file(empty, lock)
+            with pytest.raises(LockError, match="size"):
+                verify_file(fixture, lock)
 
 
 def test_fixture_hooks_used_by_the_cli_and_the_agent():
