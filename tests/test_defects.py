@@ -21,8 +21,9 @@ from test_cli import cancelbench, write
 
 
 def start(*args) -> subprocess.Popen:
+    """A `cancelbench` process in its own session, so a failed test can end it with its Ray (killpg)."""
     return subprocess.Popen([sys.executable, "-m", "cancelbench.cli", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def wait_for(predicate, what: str, proc: subprocess.Popen | None = None, timeout_s: float = 240.0) -> None:
@@ -150,8 +151,9 @@ def test_one_sweep_per_out_and_sigint_leaves_an_interrupted_dataset(tmp_path):
         first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=300)
     finally:
-        if first.poll() is None:
-            first.kill()
+        if first.poll() is None:  # the test failed mid-way: end the sweep and the Ray it started
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
     assert first.returncode == 130, err[-3000:]
     manifest = read_manifest(out)
     assert manifest["status"] == "interrupted"
