@@ -133,10 +133,11 @@ def _time_ray(out: Path, spec, pandas_json: str) -> tuple[float, bool]:
     from cancelbench.reports import build_report
     from cancelbench.reports.format import to_json
 
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    from cancelbench.raylocal import start_local
+
+    start_local(num_cpus=2, log_to_driver=False)
     try:
         ray_report, t_ray = _timed(lambda: build_report([out], spec, engine="ray"))
         return t_ray, to_json(ray_report) == pandas_json

@@ -1,11 +1,14 @@
 """Model resolution on the agent: fixtures are generated if missing, every file
-is verified against its lock (size, sha256) before llama.cpp sees it."""
+is verified against its lock (size, sha256) and checked against its engine
+(GGUF architecture, projector type) before llama.cpp sees it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from cancelbench.datasets.locks import FileLock, LockError, verify_file
+
+from .model_check import check_model
 
 MODEL_KEYS = ("model", "mmproj")
 
@@ -34,4 +37,5 @@ def resolve_models(workload: dict) -> dict:
         wl[key] = str(path)
         wl[f"{key}_sha256"] = verify_file(path, FileLock(path.name, int(entry["size"]), str(entry["sha256"]).lower(),
                                                          str(entry.get("source", ""))))
+        check_model(path, wl.get("engine", "text"), key)
     return wl

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import re
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from cancelbench.device_agents.agent import remote_agent_class
+from cancelbench.raylocal import LOOPBACK, loopback_node_ip, start_local, use_auth_mode
 
 from .config import DeviceSelector
 
@@ -43,20 +43,6 @@ class DeviceSlot:
         return self.device_id.split(":", 1)[0]
 
 
-def use_auth_mode(mode: str) -> None:
-    """Set Ray's auth mode for this process and the Ray processes it starts.
-
-    Ray caches the mode in its RayConfig when it is imported; re-initializing
-    that config after changing the variable is what Ray itself does when it
-    turns token auth on (ray._private.authentication.authentication_token_setup).
-    Called where Ray is started or connected, never at import.
-    """
-    os.environ["RAY_AUTH_MODE"] = mode
-    from ray._raylet import Config
-
-    Config.initialize("")
-
-
 def connect(address: str | None = None) -> None:
     """Connect to ``address``/RAY_ADDRESS, or start a local Ray bound to 127.0.0.1.
 
@@ -69,11 +55,7 @@ def connect(address: str | None = None) -> None:
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
-        use_auth_mode("token")
-        # address="local": always a new instance, never another session's cluster.
-        with _loopback_node_ip():
-            ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                     namespace=AGENT_NAMESPACE, log_to_driver=True, configure_logging=False)
+        start_local(namespace=AGENT_NAMESPACE, log_to_driver=True, configure_logging=False)
         return
     mode = cluster_auth_mode(address)
     use_auth_mode(mode)
@@ -81,36 +63,14 @@ def connect(address: str | None = None) -> None:
         print(f"cancelbench: warning: the Ray cluster at {address} has token authentication off "
               "(anyone who reaches it can run code on it)", file=sys.stderr)
     if _host_of(address) in LOOPBACK:
-        with _loopback_node_ip():
+        with loopback_node_ip():
             ray.init(address=address, namespace=AGENT_NAMESPACE, log_to_driver=True, _node_ip_address="127.0.0.1")
     else:
         ray.init(address=address, namespace=AGENT_NAMESPACE, log_to_driver=True)
 
 
-LOOPBACK = ("127.0.0.1", "localhost")
-
-
 def _host_of(address: str) -> str:
     return address.split("://")[-1].rsplit(":", 1)[0]
-
-
-@contextmanager
-def _loopback_node_ip():
-    """Keep a loopback node address as given while Ray starts or joins.
-
-    ray.init rewrites a loopback ``_node_ip_address`` to the host's primary IP
-    (ray-project/ray#59110); its servers then bind to every interface and a
-    loopback-only cluster is unreachable. With the address kept, Ray binds the
-    GCS, raylet, workers, driver and agents to 127.0.0.1.
-    """
-    from ray._private import services
-
-    original = services.resolve_ip_for_localhost
-    services.resolve_ip_for_localhost = lambda h: "127.0.0.1" if h in LOOPBACK else original(h)
-    try:
-        yield
-    finally:
-        services.resolve_ip_for_localhost = original
 
 
 def cluster_auth_mode(address: str, timeout_s: float = 15.0) -> str:

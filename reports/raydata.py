@@ -69,7 +69,7 @@ def _device_rows(batch: pd.DataFrame) -> pd.DataFrame:
 def ensure_ray(address: str | None = None) -> None:
     """Connect to ``address`` (or RAY_ADDRESS); without one start a private
     local Ray on 127.0.0.1 -- never attach to whatever cluster happens to run
-    on this machine.  Token authentication stays as Ray configures it."""
+    on this machine; that one is loopback-only with token auth (raylocal)."""
     import os
 
     import ray
@@ -79,7 +79,9 @@ def ensure_ray(address: str | None = None) -> None:
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
-            ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+            from cancelbench.raylocal import start_local
+
+            start_local(log_to_driver=False)
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -355,11 +354,11 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")
-    os.environ["RAY_AUTH_MODE"] = "token"  # token auth stays on; ray.init creates a local token
     started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 log_to_driver=False)
+    if started:  # token auth on, loopback only: the product's own local start
+        from cancelbench.raylocal import start_local
+
+        start_local(num_cpus=2, log_to_driver=False)
     yield ray
     if started:
         ray.shutdown()

@@ -253,6 +253,17 @@ def test_lock_mismatch_is_caught_on_the_agent_before_load(tts_paths):
         resolve_models({**_workload(tts_paths), "locks": bad})
 
 
+def test_agent_refuses_the_talker_as_a_text_model_before_load(tts_paths):
+    """The agent checks each verified file against its engine too (remote hosts' own copies)."""
+    from cancelbench.device_agents.model_check import ModelMismatchError
+    from cancelbench.device_agents.models import resolve_models
+
+    locks = json.loads(SF.SPEECH_LOCK.read_text())["files"]
+    as_text = {"engine": "text", "model": str(tts_paths["model"]), "locks": locks}
+    with pytest.raises(ModelMismatchError, match="TTS talker"):
+        resolve_models(as_text)
+
+
 def test_unknown_mechanism(engine):
     with pytest.raises(EngineInputError, match="no mechanism"):
         _run(engine, "magic")

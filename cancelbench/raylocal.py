@@ -1,0 +1,54 @@
+"""Starting a private Ray on this machine: loopback only, token auth on.
+
+Shared by the driver (``orchestrator.cluster``) and the reports' Ray Data
+engine, which must not import the driver. Nothing here runs at import.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+LOOPBACK = ("127.0.0.1", "localhost")
+
+
+def use_auth_mode(mode: str) -> None:
+    """Set Ray's auth mode for this process and the Ray processes it starts.
+
+    Ray caches the mode in its RayConfig when it is imported; re-initializing
+    that config after changing the variable is what Ray itself does when it
+    turns token auth on (ray._private.authentication.authentication_token_setup).
+    Called where Ray is started or connected, never at import.
+    """
+    os.environ["RAY_AUTH_MODE"] = mode
+    from ray._raylet import Config
+
+    Config.initialize("")
+
+
+@contextmanager
+def loopback_node_ip():
+    """Keep a loopback node address as given while Ray starts or joins.
+
+    ray.init rewrites a loopback ``_node_ip_address`` to the host's primary IP
+    (ray-project/ray#59110); its servers then bind to every interface and a
+    loopback-only cluster is unreachable. With the address kept, Ray binds the
+    GCS, raylet, workers, driver and agents to 127.0.0.1.
+    """
+    from ray._private import services
+
+    original = services.resolve_ip_for_localhost
+    services.resolve_ip_for_localhost = lambda h: "127.0.0.1" if h in LOOPBACK else original(h)
+    try:
+        yield
+    finally:
+        services.resolve_ip_for_localhost = original
+
+
+def start_local(**init_kwargs) -> None:
+    """A new local Ray (never another session's cluster), on 127.0.0.1, token auth on."""
+    import ray
+
+    use_auth_mode("token")
+    with loopback_node_ip():
+        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, **init_kwargs)
