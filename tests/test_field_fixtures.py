@@ -3,8 +3,8 @@
 Normal runs (seconds): the field recipes are written *shape-only* (header + sparse
 zero data, no weight drawn) and read back with ``gguf.GGUFReader``; the real
 strides (8, 5, 4, 3) + (2, 2) run through llama.cpp/mtmd on a tiny-channel
-model. ``-m slow`` (minutes, ~1.9 GB): the real field sets against their
-committed locks, and one code2wav window of the field TTS pair.
+model. ``slow`` (~1.9 GB of files): the real field sets against their committed
+locks, and one code2wav window of the field TTS pair.
 """
 
 from __future__ import annotations
@@ -164,8 +164,9 @@ def test_real_strides_run_one_code2wav_window_of_138240_samples(tmp_path):
 
 @pytest.mark.slow
 def test_field_sets_match_their_locks_and_the_tts_pair_decodes_a_window(tmp_path):
-    """Minutes and ~1.9 GB: writes every field set, verifies the committed locks, then
-    runs one code2wav window of the field TTS pair (15-35 s on 2 shared cores)."""
+    """~1.9 GB written: every field set, verified against the committed locks, then one
+    code2wav window of the field TTS pair. 25 s on an idle 2-core machine, 2-3 min when
+    it is shared; marked slow for the disk space and the load, not for correctness."""
     from cancelbench.cli import main
 
     assert main(["fixtures", "--scale", "field", "--out", str(tmp_path)]) == 0  # verifies against the locks
