@@ -25,7 +25,17 @@ typedef struct cb_token {
     _Atomic uint8_t flag;      /* offset 0: non-zero means abort */
     _Atomic int64_t set_ns;    /* when cb_token_set stored the flag */
     _Atomic int64_t seen_ns;   /* first time a reader saw the flag set; 0 = never */
-    _Atomic uint64_t polls;    /* reader calls since the last reset */
+    _Atomic uint64_t polls;    /* reader calls since the last reset (eval reader: one per node asked) */
+    /* eval reader (cb_token_eval_reader), see there */
+    _Atomic int64_t slice_ns;      /* configuration: target time between syncs; 0 = every node */
+    _Atomic uint64_t syncs;        /* node ranges the reader asked to see (each one computed + synchronized) */
+    _Atomic int64_t max_range_ns;  /* longest such range: first node asked -> range synchronized */
+    _Atomic double ns_per_work;    /* learned cost of one unit of node work incl. sync share (EMA) */
+    /* eval reader state, touched only by the thread running the graph */
+    int64_t range_start_ns;    /* when the first node of the current range was asked */
+    int64_t last_ask_ns;       /* when the last node was asked */
+    uint32_t range_nodes;      /* nodes asked in the current range */
+    double range_work;         /* their estimated work (cb_node_work) */
 } cb_token;
 
 /* A constant added to the agent clock. Zero in production; tests set it to
@@ -50,11 +60,18 @@ CB_EXPORT cb_token *cb_token_new(void) {
 
 CB_EXPORT void cb_token_free(cb_token *t) { free(t); }
 
+/* Clears the flag, stamps and counters; keeps the slice and the learned node cost. */
 CB_EXPORT void cb_token_reset(cb_token *t) {
     atomic_store_explicit(&t->flag, 0, memory_order_relaxed);
     atomic_store_explicit(&t->set_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&t->seen_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&t->polls, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->syncs, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->max_range_ns, 0, memory_order_relaxed);
+    t->range_start_ns = 0;
+    t->last_ask_ns = 0;
+    t->range_nodes = 0;
+    t->range_work = 0.0;
     atomic_thread_fence(memory_order_seq_cst);
 }
 
@@ -83,6 +100,14 @@ CB_EXPORT uint64_t cb_token_polls(const cb_token *t) {
     return atomic_load_explicit(&((cb_token *)t)->polls, memory_order_relaxed);
 }
 
+/* The first reader to see the flag set stamps seen_ns. */
+static void cb_stamp_seen(cb_token *t) {
+    if (atomic_load_explicit(&t->seen_ns, memory_order_relaxed) == 0) {
+        int64_t zero = 0;
+        atomic_compare_exchange_strong(&t->seen_ns, &zero, cb_now_ns());
+    }
+}
+
 /*
  * The abort reader: llama_set_abort_callback(ctx, cb_token_reader, token).
  * Relaxed load of the flag byte; the first reader to see it set stamps seen_ns.
@@ -93,25 +118,170 @@ CB_EXPORT bool cb_token_reader(void *data) {
     if (atomic_load_explicit(&t->flag, memory_order_relaxed) == 0) {
         return false;
     }
-    if (atomic_load_explicit(&t->seen_ns, memory_order_relaxed) == 0) {
-        int64_t zero = 0;
-        atomic_compare_exchange_strong(&t->seen_ns, &zero, cb_now_ns());
+    cb_stamp_seen(t);
+    return true;
+}
+
+CB_EXPORT uint64_t cb_token_syncs(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->syncs, memory_order_relaxed);
+}
+
+CB_EXPORT int64_t cb_token_max_range_ns(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->max_range_ns, memory_order_relaxed);
+}
+
+CB_EXPORT double cb_token_ns_per_work(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->ns_per_work, memory_order_relaxed);
+}
+
+CB_EXPORT int64_t cb_token_slice_ns(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->slice_ns, memory_order_relaxed);
+}
+
+/* Sets the eval reader's slice (0 = sync after every node) and forgets the
+ * learned cost. Call between graphs, not while one runs. */
+CB_EXPORT void cb_token_set_slice_ns(cb_token *t, int64_t slice_ns) {
+    atomic_store_explicit(&t->slice_ns, slice_ns > 0 ? slice_ns : 0, memory_order_relaxed);
+    atomic_store_explicit(&t->ns_per_work, 0.0, memory_order_relaxed);
+    t->range_nodes = 0;
+    t->range_work = 0.0;
+}
+
+/*
+ * Node work. The reader weighs a node by the work its shapes imply, so a
+ * range of cheap nodes (views, norms) is not sized like a range of matrix
+ * products. struct ggml_tensor is read at offsets found at run time by
+ * cb_eval_calibrate from real tensors of the loaded ggml (no ggml header is
+ * needed to build this file); until then, or if it fails, every node weighs 1.
+ */
+static _Atomic int cb_layout_ready = 0;
+static size_t cb_ne_off, cb_op_off, cb_src_off;
+static int32_t cb_op_mul_mat;
+#define CB_NODE_WORK 1024.0  /* per-node dispatch, in element units */
+
+static const int64_t *cb_ne(const void *t) { return (const int64_t *)((const char *)t + cb_ne_off); }
+
+/* a: [k, m], b: [k, n], mm = ggml_mul_mat(a, b): [m, n] (ggml ne order), none of them
+ * computed. Finds ne[] (int64 x4), op (after ne[4] and nb[4]) and src[0], src[1].
+ * Returns 1 when every field was found and checked. */
+CB_EXPORT int cb_eval_calibrate(const void *a, const void *b, const void *mm, int64_t k, int64_t m, int64_t n) {
+    const int64_t want_a[4] = {k, m, 1, 1}, want_mm[4] = {m, n, 1, 1};
+    for (size_t ne_off = 0; ne_off <= 64; ne_off += 8) {
+        const int64_t *na = (const int64_t *)((const char *)a + ne_off);
+        const int64_t *nm = (const int64_t *)((const char *)mm + ne_off);
+        int ok = 1;
+        for (int i = 0; i < 4; i++) ok &= (na[i] == want_a[i]) & (nm[i] == want_mm[i]);
+        if (!ok) continue;
+        const size_t op_off = ne_off + 8 * 4 * 2;  /* ne[4], then nb[4] */
+        const int32_t op_none = *(const int32_t *)((const char *)a + op_off);
+        const int32_t op_mm = *(const int32_t *)((const char *)mm + op_off);
+        if (op_none != 0 || op_mm <= 0) return 0;
+        for (size_t src_off = op_off + 8; src_off <= 512; src_off += 8) {
+            const void *const *src = (const void *const *)((const char *)mm + src_off);
+            if (src[0] == a && src[1] == b) {
+                cb_ne_off = ne_off;
+                cb_op_off = op_off;
+                cb_src_off = src_off;
+                cb_op_mul_mat = op_mm;
+                atomic_store_explicit(&cb_layout_ready, 1, memory_order_release);
+                return 1;
+            }
+        }
+        return 0;
+    }
+    return 0;
+}
+
+CB_EXPORT double cb_node_work(const void *t) {
+    if (!t || !atomic_load_explicit(&cb_layout_ready, memory_order_acquire)) {
+        return 1.0;
+    }
+    const int64_t *ne = cb_ne(t);
+    double w = (double)ne[0] * (double)ne[1] * (double)ne[2] * (double)ne[3];
+    if (*(const int32_t *)((const char *)t + cb_op_off) == cb_op_mul_mat) {
+        const void *s0 = *(const void *const *)((const char *)t + cb_src_off);
+        if (s0) {
+            const int64_t *k = cb_ne(s0);  /* the weights: k x m, read once, k MACs per output */
+            w = w * (double)k[0] + (double)k[0] * (double)k[1] * (double)k[2] * (double)k[3];
+        }
+    }
+    return w + CB_NODE_WORK;
+}
+
+/* Asks of one range come back to back (the scheduler asks node after node
+ * before computing any of them); a longer gap means the graph ran or the
+ * caller was away without the reader being asked to see a node (a split or a
+ * graph ended). The range then starts afresh. */
+#define CB_ASK_GAP_NS 50000LL
+
+/* ask=true: count the node; "show me" once the range's work fills the slice. */
+static bool cb_eval_ask(cb_token *t, const void *tensor) {
+    atomic_fetch_add_explicit(&t->polls, 1, memory_order_relaxed);
+    if (atomic_load_explicit(&t->flag, memory_order_relaxed) != 0) {
+        cb_stamp_seen(t);
+        return true;  /* stop as soon as the nodes asked so far are computed */
+    }
+    const int64_t now = cb_now_ns();
+    if (t->range_nodes == 0 || now - t->last_ask_ns > CB_ASK_GAP_NS) {
+        t->range_start_ns = now;
+        t->range_nodes = 0;
+        t->range_work = 0.0;
+    }
+    t->last_ask_ns = now;
+    t->range_nodes++;
+    t->range_work += cb_node_work(tensor);
+    const int64_t slice = atomic_load_explicit(&t->slice_ns, memory_order_relaxed);
+    if (slice == 0) {
+        return true;
+    }
+    const double ns_per_work = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
+    return ns_per_work <= 0.0 || t->range_work * ns_per_work >= (double)slice;
+}
+
+/* ask=false: the range up to this node is computed and synchronized. */
+static bool cb_eval_seen(cb_token *t) {
+    const int64_t now = cb_now_ns();
+    atomic_fetch_add_explicit(&t->syncs, 1, memory_order_relaxed);
+    if (t->range_nodes > 0) {
+        const int64_t range_ns = now - t->range_start_ns;
+        if (range_ns > atomic_load_explicit(&t->max_range_ns, memory_order_relaxed)) {
+            atomic_store_explicit(&t->max_range_ns, range_ns, memory_order_relaxed);
+        }
+        const double sample = (double)(range_ns > 0 ? range_ns : 1) / t->range_work;
+        const double est = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
+        atomic_store_explicit(&t->ns_per_work, est > 0.0 ? 0.75 * est + 0.25 * sample : sample,
+                              memory_order_relaxed);
+    }
+    t->range_nodes = 0;
+    t->range_work = 0.0;
+    if (atomic_load_explicit(&t->flag, memory_order_relaxed) != 0) {
+        cb_stamp_seen(t);
+        return false;
     }
     return true;
 }
 
 /*
  * ggml_backend_sched_eval_callback shape: bool (*)(struct ggml_tensor *, bool ask, void *).
- * Asked before each node (ask=true) it must return true to be shown the node;
- * after the node (ask=false) returning false stops the graph compute.
- * Used where llama's abort callback does not reach (clip / mtmd graphs).
+ * ggml_backend_sched_compute_splits (ggml-backend.cpp) asks node after node
+ * (ask=true) until the callback wants to see one, computes that whole range of
+ * nodes as one graph view, synchronizes the backend, then calls again with
+ * ask=false and stops the split when the callback returns false (any backend).
+ *
+ * The asks of a range come *before* its compute, so "has the slice passed?"
+ * cannot be answered by the clock at ask time. The reader instead answers
+ * "show me" once the range's nodes hold as much work (cb_node_work) as fits
+ * in the slice at the learned cost per unit of work (measured over each
+ * range, its first ask to its sync, an exponential average; the first range
+ * after set_slice is one node). Ranges therefore last about one slice, sync
+ * cost included; slice 0 syncs after every node (the scheduler then runs the
+ * graph node by node). A set token is answered "show me" at once and "stop"
+ * after the range, stamping seen_ns. polls counts nodes asked, syncs the
+ * ranges computed.
  */
 CB_EXPORT bool cb_token_eval_reader(void *tensor, bool ask, void *data) {
-    (void)tensor;
-    if (ask) {
-        return true;
-    }
-    return !cb_token_reader(data);
+    cb_token *t = (cb_token *)data;
+    return ask ? cb_eval_ask(t, tensor) : cb_eval_seen(t);
 }
 
 /*

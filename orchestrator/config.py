@@ -44,6 +44,7 @@ class WorkloadSpec:
     backends: tuple[str, ...] = ()  # run only on devices of these backends (empty: all)
     duration_us: int = 200_000  # probe engine
     period_us: int = 1_000  # probe engine
+    graph_slice_us: int | None = None  # graph_eval: eval-reader sync slice (None: engine default; 0: every node)
     extra: dict = field(default_factory=dict)  # engine-specific settings (tts/stt)
 
     def engine_params(self) -> dict:
@@ -142,9 +143,9 @@ def _workload(raw: dict, i: int) -> WorkloadSpec:
                 "duration_us", "period_us"):
         if key in kwargs:
             _int(kwargs[key], f"{where}.{key}", 1)
-    for key in ("n_gpu_layers", "n_ctx"):
+    for key in ("n_gpu_layers", "n_ctx", "graph_slice_us"):
         if key in kwargs:
-            _int(kwargs[key], f"{where}.{key}", 0 if key == "n_ctx" else -1)
+            _int(kwargs[key], f"{where}.{key}", -1 if key == "n_gpu_layers" else 0)
     if "backends" in kwargs:
         kwargs["backends"] = _names(kwargs["backends"], f"{where}.backends", BACKENDS)
     extra = {k: v for k, v in raw.items() if k in _SPEECH_EXTRA}
