@@ -141,8 +141,9 @@ def eval_reader_address() -> int:
 
 
 def calibrate_eval_reader(a: int, b: int, mm: int, k: int, m: int, n: int) -> bool:
-    """Teach the eval reader where ne[], op and src[] lie in ``struct ggml_tensor``
-    from three real tensors of the loaded ggml: a [k, m], b [k, n], mm = ggml_mul_mat(a, b).
+    """Teach the eval reader where ne[], op, flags and src[] lie in ``struct ggml_tensor``
+    from three real tensors of the loaded ggml: a [k, m] (ggml_set_input), b [k, n],
+    mm = ggml_mul_mat(a, b) (ggml_set_output).
     Until this succeeds the reader weighs every node alike."""
     return bool(_lib.cb_eval_calibrate(a, b, mm, k, m, n))
 

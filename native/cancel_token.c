@@ -14,6 +14,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
 
 #if defined(_WIN32)
 #define CB_EXPORT __declspec(dllexport)
@@ -33,7 +36,7 @@ typedef struct cb_token {
     _Atomic double ns_per_work;    /* learned cost of one unit of node work incl. sync share (EMA) */
     /* eval reader state, touched only by the thread running the graph */
     int64_t range_start_ns;    /* when the first node of the current range was asked */
-    int64_t last_ask_ns;       /* when the last node was asked */
+    uint64_t last_ask_ticks;   /* when the last node was asked (cb_ticks) */
     uint32_t range_nodes;      /* nodes asked in the current range */
     double range_work;         /* their estimated work (cb_node_work) */
 } cb_token;
@@ -69,7 +72,7 @@ CB_EXPORT void cb_token_reset(cb_token *t) {
     atomic_store_explicit(&t->syncs, 0, memory_order_relaxed);
     atomic_store_explicit(&t->max_range_ns, 0, memory_order_relaxed);
     t->range_start_ns = 0;
-    t->last_ask_ns = 0;
+    t->last_ask_ticks = 0;
     t->range_nodes = 0;
     t->range_work = 0.0;
     atomic_thread_fence(memory_order_seq_cst);
@@ -155,14 +158,18 @@ CB_EXPORT void cb_token_set_slice_ns(cb_token *t, int64_t slice_ns) {
  * needed to build this file); until then, or if it fails, every node weighs 1.
  */
 static _Atomic int cb_layout_ready = 0;
-static size_t cb_ne_off, cb_op_off, cb_src_off;
+static size_t cb_ne_off, cb_op_off, cb_flags_off, cb_src_off;
+#define CB_FLAG_INPUT 1    /* GGML_TENSOR_FLAG_INPUT */
+#define CB_FLAG_OUTPUT 2   /* GGML_TENSOR_FLAG_OUTPUT */
+#define CB_FLAG_COMPUTE 16 /* GGML_TENSOR_FLAG_COMPUTE: unset = skipped by every backend (a non-selected branch) */
 static int32_t cb_op_mul_mat;
 #define CB_NODE_WORK 1024.0  /* per-node dispatch, in element units */
 
 static const int64_t *cb_ne(const void *t) { return (const int64_t *)((const char *)t + cb_ne_off); }
 
-/* a: [k, m], b: [k, n], mm = ggml_mul_mat(a, b): [m, n] (ggml ne order), none of them
- * computed. Finds ne[] (int64 x4), op (after ne[4] and nb[4]) and src[0], src[1].
+/* a: [k, m] marked input, b: [k, n], mm = ggml_mul_mat(a, b): [m, n] (ggml ne order)
+ * marked output, none of them computed. Finds ne[] (int64 x4), op (after ne[4] and
+ * nb[4]), flags (between op and src) and src[0], src[1].
  * Returns 1 when every field was found and checked. */
 CB_EXPORT int cb_eval_calibrate(const void *a, const void *b, const void *mm, int64_t k, int64_t m, int64_t n) {
     const int64_t want_a[4] = {k, m, 1, 1}, want_mm[4] = {m, n, 1, 1};
@@ -179,6 +186,17 @@ CB_EXPORT int cb_eval_calibrate(const void *a, const void *b, const void *mm, in
         for (size_t src_off = op_off + 8; src_off <= 512; src_off += 8) {
             const void *const *src = (const void *const *)((const char *)mm + src_off);
             if (src[0] == a && src[1] == b) {
+                size_t flags_off = 0;
+                for (size_t f = op_off + 4; f + 4 <= src_off; f += 4) {
+                    if (*(const int32_t *)((const char *)a + f) == CB_FLAG_INPUT &&
+                        *(const int32_t *)((const char *)b + f) == 0 &&
+                        *(const int32_t *)((const char *)mm + f) == CB_FLAG_OUTPUT) {
+                        flags_off = f;
+                        break;
+                    }
+                }
+                if (flags_off == 0) return 0;
+                cb_flags_off = flags_off;
                 cb_ne_off = ne_off;
                 cb_op_off = op_off;
                 cb_src_off = src_off;
@@ -196,6 +214,9 @@ CB_EXPORT double cb_node_work(const void *t) {
     if (!t || !atomic_load_explicit(&cb_layout_ready, memory_order_acquire)) {
         return 1.0;
     }
+    if ((*(const int32_t *)((const char *)t + cb_flags_off) & CB_FLAG_COMPUTE) == 0) {
+        return 1.0;  /* not computed: a branch ggml_build_forward_select did not pick */
+    }
     const int64_t *ne = cb_ne(t);
     double w = (double)ne[0] * (double)ne[1] * (double)ne[2] * (double)ne[3];
     if (*(const int32_t *)((const char *)t + cb_op_off) == cb_op_mul_mat) {
@@ -211,8 +232,23 @@ CB_EXPORT double cb_node_work(const void *t) {
 /* Asks of one range come back to back (the scheduler asks node after node
  * before computing any of them); a longer gap means the graph ran or the
  * caller was away without the reader being asked to see a node (a split or a
- * graph ended). The range then starts afresh. */
-#define CB_ASK_GAP_NS 50000LL
+ * graph ended). The range then starts afresh. The gap is read from the CPU's
+ * counter (a few ns; clock_gettime costs 20-80 ns on a VM and is asked once
+ * per graph node): 100k ticks = 25-100 us on x86 TSCs, longer on slower counters,
+ * where a missed split end only makes the next range end early. */
+#define CB_ASK_GAP_TICKS 100000ULL
+
+static inline uint64_t cb_ticks(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    return __rdtsc();
+#elif defined(__aarch64__)
+    uint64_t v;
+    __asm__ volatile("mrs %0, cntvct_el0" : "=r"(v));
+    return v;
+#else
+    return (uint64_t)cb_now_ns() / 4;  /* ~ticks of a 250 MHz counter */
+#endif
+}
 
 /* ask=true: count the node; "show me" once the range's work fills the slice. */
 static bool cb_eval_ask(cb_token *t, const void *tensor) {
@@ -221,13 +257,13 @@ static bool cb_eval_ask(cb_token *t, const void *tensor) {
         cb_stamp_seen(t);
         return true;  /* stop as soon as the nodes asked so far are computed */
     }
-    const int64_t now = cb_now_ns();
-    if (t->range_nodes == 0 || now - t->last_ask_ns > CB_ASK_GAP_NS) {
-        t->range_start_ns = now;
+    const uint64_t ticks = cb_ticks();
+    if (t->range_nodes == 0 || ticks - t->last_ask_ticks > CB_ASK_GAP_TICKS) {
+        t->range_start_ns = cb_now_ns();
         t->range_nodes = 0;
         t->range_work = 0.0;
     }
-    t->last_ask_ns = now;
+    t->last_ask_ticks = ticks;
     t->range_nodes++;
     t->range_work += cb_node_work(tensor);
     const int64_t slice = atomic_load_explicit(&t->slice_ns, memory_order_relaxed);
@@ -247,7 +283,7 @@ static bool cb_eval_seen(cb_token *t) {
         if (range_ns > atomic_load_explicit(&t->max_range_ns, memory_order_relaxed)) {
             atomic_store_explicit(&t->max_range_ns, range_ns, memory_order_relaxed);
         }
-        const double sample = (double)(range_ns > 0 ? range_ns : 1) / t->range_work;
+        const double sample = (double)(range_ns > 0 ? range_ns : 1) / (t->range_work > 1.0 ? t->range_work : 1.0);
         const double est = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
         atomic_store_explicit(&t->ns_per_work, est > 0.0 ? 0.75 * est + 0.25 * sample : sample,
                               memory_order_relaxed);

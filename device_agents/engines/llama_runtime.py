@@ -44,7 +44,17 @@ def calibrate_eval_reader() -> bool:
     libggml.ggml_mul_mat.argtypes = [p, p, p]
     libggml.ggml_free.restype = None
     libggml.ggml_free.argtypes = [p]
-    ctx = libggml.ggml_init(_GgmlInitParams(1 << 16, None, True))
+    for fn in ("ggml_set_input", "ggml_set_output"):
+        getattr(libggml, fn).restype = None
+        getattr(libggml, fn).argtypes = [p]
+    libggml.ggml_graph_overhead_custom.restype = ctypes.c_size_t
+    libggml.ggml_graph_overhead_custom.argtypes = [ctypes.c_size_t, ctypes.c_bool]
+    libggml.ggml_new_graph_custom.restype = p
+    libggml.ggml_new_graph_custom.argtypes = [p, ctypes.c_size_t, ctypes.c_bool]
+    libggml.ggml_build_forward_expand.restype = None
+    libggml.ggml_build_forward_expand.argtypes = [p, p]
+    mem = (1 << 16) + libggml.ggml_graph_overhead_custom(16, False)
+    ctx = libggml.ggml_init(_GgmlInitParams(mem, None, True))
     if not ctx:
         return False
     try:
@@ -52,7 +62,13 @@ def calibrate_eval_reader() -> bool:
         a = libggml.ggml_new_tensor_2d(ctx, 0, k, m)  # GGML_TYPE_F32
         b = libggml.ggml_new_tensor_2d(ctx, 0, k, n)
         mm = libggml.ggml_mul_mat(ctx, a, b)
-        return native.calibrate_eval_reader(a, b, mm, k, m, n) and native.node_work(mm) > m * n * k
+        libggml.ggml_set_input(a)
+        libggml.ggml_set_output(mm)
+        if not native.calibrate_eval_reader(a, b, mm, k, m, n):
+            return False
+        before = native.node_work(mm)  # not in a graph yet: not computed, weighs ~nothing
+        libggml.ggml_build_forward_expand(libggml.ggml_new_graph_custom(ctx, 16, False), mm)
+        return before < k and native.node_work(mm) > m * n * k
     finally:
         libggml.ggml_free(ctx)
 
