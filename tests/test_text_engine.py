@@ -153,3 +153,24 @@ def test_small_vocabulary_yielding_more_tokens_than_bytes_tokenizes(tmp_path, mo
         assert res.outcome == "completed" and res.n_input_tokens == 200 and len(res.output) == 2
     finally:
         eng.close()
+
+
+def test_gguf_header_reading_with_gguf_reader(text_model, tmp_path):
+    """mtmd_ext reads headers with gguf.GGUFReader: metadata, tensor shapes (ggml ne order),
+    one clear EngineInputError for a file cut short or not GGUF at all."""
+    from cancelbench.device_agents.engines import mtmd_ext as X
+
+    kv = X.read_gguf_kv(text_model)
+    assert kv["general.architecture"] == "llama" and kv["llama.block_count"] == 8
+    assert kv["tokenizer.ggml.tokens"].startswith("<array of ")  # not expanded unless asked for
+    assert X.read_gguf_kv(text_model, {"tokenizer.ggml.tokens"})["tokenizer.ggml.tokens"][:3] == ["<unk>", "<s>", "</s>"]
+    shapes = X.read_gguf_tensor_shapes(text_model)
+    assert shapes["blk.0.ffn_up.weight"] == (768, 2048)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(open(text_model, "rb").read(4096))
+    with pytest.raises(EngineInputError, match="not a readable GGUF"):
+        X.read_gguf_tensor_shapes(cut)
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"NOPE" + b"\0" * 64)
+    with pytest.raises(EngineInputError, match="not a readable GGUF"):
+        X.read_gguf_kv(bogus)
