@@ -34,7 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_speech import TTS_TEXT, _ctl, cancel_at  # noqa: E402
+from bench_speech import (STT_TARGETS, TTS_TARGETS, TTS_TEXT, _ctl, cancel_at, cancel_trials,  # noqa: E402
+                          stt_reference, tts_reference)
 
 from cancelbench import native  # noqa: E402
 from cancelbench.datasets import speech_fixtures as SF  # noqa: E402
@@ -93,12 +94,13 @@ def within_bound(cell: dict, slice_us: int, node_ms: float) -> dict:
     return {"bound_ms": bound, "met": worst is not None and worst <= bound}
 
 
-def text_cells(model: str, ngl: int, prompt_tokens: int, mechs: dict, trials: int, seed: int) -> dict:
+def text_cells(model: str, ngl: int, prompt_tokens: int, mechs: dict, trials: int, seed: int,
+               threads: int) -> dict:
     """mechs: label -> (mechanism, slice_us or None, chunk_tokens)."""
     rng = random.Random(seed)
-    out: dict = {}
+    out: dict = {"n_threads": threads}
     for label, (mech, slice_us, chunk) in mechs.items():
-        wl = {"model": model, "n_threads": 2, "n_batch": prompt_tokens, "prompt_tokens": prompt_tokens,
+        wl = {"model": model, "n_threads": threads, "n_batch": prompt_tokens, "prompt_tokens": prompt_tokens,
               "max_tokens": 1, "chunk_tokens": chunk, "n_gpu_layers": ngl}
         eng = TextEngine({**wl, "graph_slice_us": DEFAULT if slice_us is None else slice_us})
         try:
@@ -119,7 +121,7 @@ def vulkan_text(args) -> dict:
     mechs = {"between_calls": ("between_calls", None, 16), "chunked": ("chunked", None, 16),
              f"graph_eval@{DEFAULT}us": ("graph_eval", DEFAULT, 16)}
     return {"model": "text-qwen3-14m", "prompt_tokens": 64, "n_gpu_layers": 999,
-            **text_cells(model, 999, 64, mechs, args.vk_trials, args.seed)}
+            **text_cells(model, 999, 64, mechs, args.vk_trials, args.seed, 2)}
 
 
 def run_vulkan_child(args) -> dict:
@@ -138,7 +140,7 @@ def cpu_text(args) -> dict:
     mechs = {"abort_callback": ("abort_callback", None, 32)}
     mechs.update({f"graph_eval@{s}us": ("graph_eval", s, 32) for s in CPU_SLICES})
     return {"model": "text-llama-57m", "prompt_tokens": 256, "n_gpu_layers": 0,
-            **text_cells(model, 0, 256, mechs, args.trials, args.seed)}
+            **text_cells(model, 0, 256, mechs, args.trials, args.seed, args.cpu_threads)}
 
 
 def paired(run_base, run_graph, pairs: int) -> dict:
@@ -156,21 +158,53 @@ def paired(run_base, run_graph, pairs: int) -> dict:
             "pairs": pairs}
 
 
-def overhead(args) -> dict:
+def speech_engines() -> dict:
+    """name -> (engine class, workload, trial fields) for the CPU fixtures."""
     from cancelbench.device_agents.engines.stt import SttEngine
     from cancelbench.device_agents.engines.tts import WINDOW_FRAMES, TtsEngine
 
     paths = SF.ensure_speech_fixtures()
     clip = str(SF.audio_clip("speech-medium"))
-    engines = {
-        "text": (TextEngine, {"model": str(ensure_text_fixture("text-llama-57m")), "n_threads": 2,
-                              "prompt_tokens": 256, "max_tokens": 8}, {"input": PROMPT}),
+    return {
         "tts": (TtsEngine, {"model": str(paths["tts"]["model"]), "mmproj": str(paths["tts"]["mmproj"]),
                             "n_threads": 1, "n_batch": 16, "max_frames": WINDOW_FRAMES + 8},
                 {"input": TTS_TEXT, "seed": 11}),
         "stt": (SttEngine, {"model": str(paths["asr"]["model"]), "mmproj": str(paths["asr"]["mmproj"]),
                             "n_threads": 1, "max_tokens": 12}, {"input": clip}),
     }
+
+
+def speech_residue(args) -> dict:
+    """graph_eval at the default slice inside the clip graphs (TTS generate/code2wav, STT
+    encode), against the largest clip node (a slice-0 run's longest range)."""
+    rng = random.Random(args.seed)
+    out: dict = {}
+    for name, (cls, wl, trial) in speech_engines().items():
+        eng = cls(wl)
+        try:
+            targets = {k: TTS_TARGETS[k] for k in ("generate", "code2wav")} if name == "tts" else \
+                {"encode": STT_TARGETS["encode"]}
+            ref = (tts_reference(eng, "graph_eval", 2) if name == "tts"
+                   else stt_reference(eng, "graph_eval", 2, trial["input"]))
+            cells = cancel_trials(lambda ctl: eng.run({**trial, "mechanism": "graph_eval"}, ctl), targets, ref,
+                                  args.trials, rng)
+            eng.graph_slice_us = 0
+            eng.run({**trial, "mechanism": "graph_eval"}, _ctl())
+            node_ms = eng.graph_token.max_range_ns / 1e6
+            for cell in cells.values():
+                cell.update(within_bound(cell, DEFAULT, node_ms), slice_us=DEFAULT)
+            out[name] = {"node_ms": node_ms, "phases": cells}
+            print(f"residue {name}: {json.dumps(out[name])}", file=sys.stderr, flush=True)
+        finally:
+            eng.close()
+    return out
+
+
+def overhead(args) -> dict:
+    text = {"model": str(ensure_text_fixture("text-llama-57m")), "n_threads": args.cpu_threads,
+            "prompt_tokens": 256, "max_tokens": 8}
+    engines = {"text": (TextEngine, text, {"input": PROMPT}),
+               **speech_engines()}
     out: dict = {}
     for name, (cls, wl, trial) in engines.items():
         eng = cls(wl)
@@ -205,13 +239,20 @@ def table(result: dict) -> list[str]:
     for backend in ("vulkan_text", "cpu_text"):
         part = result.get(backend, {})
         for label, c in part.items():
-            if not isinstance(c, dict) or "latency_ms" not in c:
+            if not isinstance(c, dict) or "latency_ms" not in c:  # node_ms, n_threads, model...
                 continue
             lat, res = c["latency_ms"], c["residue_ms"]
             bound = f"{_r(c['bound_ms'])} ({'met' if c['met'] else 'NOT met'})" if "bound_ms" in c else "-"
             rows.append(f"{backend.split('_')[0]} | {label} | {lat['n']}/{c['trials']} | {_r(lat['p50'])} / "
                         f"{_r(lat['p99'])} / {_r(lat['max'])} | {_r(res['p50'])} / {_r(res['max'])} | "
                         f"{_r(c['prefill_ms'])} | {_r(part['node_ms'])} | {bound}")
+    rows += ["", "engine | phase | n in flight | latency p50 / max ms | residue p50 / max ms | largest node ms "
+             "| bound ms (met)", "---|---|---|---|---|---|---"]
+    for eng, e in result.get("speech_residue", {}).items():
+        for phase, c in e["phases"].items():
+            rows.append(f"{eng} | {phase} | {c['n_in_flight']}/{c['n']} | {_r(c['latency_ms']['p50'])} / "
+                        f"{_r(c['latency_ms']['max'])} | {_r(c['residue_ms']['p50'])} / {_r(c['residue_ms']['max'])} | "
+                        f"{_r(e['node_ms'])} | {_r(c['bound_ms'])} ({'met' if c['met'] else 'NOT met'})")
     rows += ["", "engine | slice | between_calls ms | graph_eval ms | overhead % wall / CPU | syncs",
              "---|---|---|---|---|---"]
     for eng, slices in result.get("overhead", {}).items():
@@ -227,8 +268,10 @@ def main() -> None:
     ap.add_argument("--vk-trials", type=int, default=5, help="Vulkan (lavapipe) cancel trials per cell")
     ap.add_argument("--pairs", type=int, default=5, help="interleaved overhead pairs per slice")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cpu-threads", type=int, default=1,
+                    help="CPU text threads (1: on a shared 2-core host two threads wait on each other's time slices)")
     ap.add_argument("--part", choices=("all", "vulkan"), default="all")
-    ap.add_argument("--skip", default="", help="comma list of vulkan,cpu,overhead to leave out")
+    ap.add_argument("--skip", default="", help="comma list of vulkan,cpu,speech,overhead to leave out")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "graph_eval.json"))
     args = ap.parse_args()
     if args.part == "vulkan":
@@ -237,14 +280,19 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     t0 = time.time()
     result: dict = {"bench": "graph_eval", "default_slice_us": DEFAULT, "cpu_slices_us": list(CPU_SLICES),
-                    "trials": args.trials, "vk_trials": args.vk_trials, "pairs": args.pairs}
+                    "trials": args.trials, "vk_trials": args.vk_trials, "pairs": args.pairs,
+                    "cpu_text_threads": args.cpu_threads,
+                    "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
     if "vulkan" not in skip:
         result["vulkan_text"] = run_vulkan_child(args)
     if "cpu" not in skip:
         result["cpu_text"] = cpu_text(args)
+    if "speech" not in skip:
+        result["speech_residue"] = speech_residue(args)
     if "overhead" not in skip:
         result["overhead"] = overhead(args)
     result["wall_s"] = round(time.time() - t0, 1)
+    result["loadavg_end"] = os.getloadavg()
     result["table"] = table(result)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2, default=float) + "\n")
