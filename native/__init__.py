@@ -105,6 +105,8 @@ def _load() -> ctypes.CDLL:
     lib.cb_node_work.argtypes = [p]
     lib.cb_eval_calibrate.restype = ctypes.c_int
     lib.cb_eval_calibrate.argtypes = [p, p, p, i64, i64, i64]
+    lib.cb_eval_calibrate_flash_attn.restype = ctypes.c_int
+    lib.cb_eval_calibrate_flash_attn.argtypes = [p, p, p]
     lib.cb_token_syncs.restype = ctypes.c_uint64
     lib.cb_token_syncs.argtypes = [p]
     lib.cb_token_set_slice_ns.restype = None
@@ -146,6 +148,12 @@ def calibrate_eval_reader(a: int, b: int, mm: int, k: int, m: int, n: int) -> bo
     mm = ggml_mul_mat(a, b) (ggml_set_output).
     Until this succeeds the reader weighs every node alike."""
     return bool(_lib.cb_eval_calibrate(a, b, mm, k, m, n))
+
+
+def calibrate_eval_reader_flash_attn(q: int, k: int, fa: int) -> bool:
+    """After :func:`calibrate_eval_reader`: fa = ggml_flash_attn_ext(q, k, v, ...) teaches the
+    reader the attention op, so it weighs n_kv multiply-adds per output element."""
+    return bool(_lib.cb_eval_calibrate_flash_attn(q, k, fa))
 
 
 def node_work(tensor: int) -> float:

@@ -163,6 +163,7 @@ static size_t cb_ne_off, cb_op_off, cb_flags_off, cb_src_off;
 #define CB_FLAG_OUTPUT 2   /* GGML_TENSOR_FLAG_OUTPUT */
 #define CB_FLAG_COMPUTE 16 /* GGML_TENSOR_FLAG_COMPUTE: unset = skipped by every backend (a non-selected branch) */
 static int32_t cb_op_mul_mat;
+static _Atomic int32_t cb_op_flash_attn = -1;
 #define CB_NODE_WORK 1024.0  /* per-node dispatch, in element units */
 
 static const int64_t *cb_ne(const void *t) { return (const int64_t *)((const char *)t + cb_ne_off); }
@@ -210,6 +211,17 @@ CB_EXPORT int cb_eval_calibrate(const void *a, const void *b, const void *mm, in
     return 0;
 }
 
+/* After cb_eval_calibrate: fa = ggml_flash_attn_ext(q, k, v, ...) (not computed). Records
+ * its op so attention weighs n_kv multiply-adds per output element. Returns 1 if checked. */
+CB_EXPORT int cb_eval_calibrate_flash_attn(const void *q, const void *k, const void *fa) {
+    if (!atomic_load_explicit(&cb_layout_ready, memory_order_acquire)) return 0;
+    const void *const *src = (const void *const *)((const char *)fa + cb_src_off);
+    const int32_t op = *(const int32_t *)((const char *)fa + cb_op_off);
+    if (src[0] != q || src[1] != k || op <= 0 || op == cb_op_mul_mat) return 0;
+    atomic_store_explicit(&cb_op_flash_attn, op, memory_order_release);
+    return 1;
+}
+
 CB_EXPORT double cb_node_work(const void *t) {
     if (!t || !atomic_load_explicit(&cb_layout_ready, memory_order_acquire)) {
         return 1.0;
@@ -219,12 +231,13 @@ CB_EXPORT double cb_node_work(const void *t) {
     }
     const int64_t *ne = cb_ne(t);
     double w = (double)ne[0] * (double)ne[1] * (double)ne[2] * (double)ne[3];
-    if (*(const int32_t *)((const char *)t + cb_op_off) == cb_op_mul_mat) {
-        const void *s0 = *(const void *const *)((const char *)t + cb_src_off);
-        if (s0) {
-            const int64_t *k = cb_ne(s0);  /* the weights: k x m, read once, k MACs per output */
-            w = w * (double)k[0] + (double)k[0] * (double)k[1] * (double)k[2] * (double)k[3];
-        }
+    const int32_t op = *(const int32_t *)((const char *)t + cb_op_off);
+    const void *const *src = (const void *const *)((const char *)t + cb_src_off);
+    if (op == cb_op_mul_mat && src[0]) {
+        const int64_t *k = cb_ne(src[0]);  /* the weights: k x m, read once, k MACs per output */
+        w = w * (double)k[0] + (double)k[0] * (double)k[1] * (double)k[2] * (double)k[3];
+    } else if (op == atomic_load_explicit(&cb_op_flash_attn, memory_order_relaxed) && src[1]) {
+        w = w * 2.0 * (double)cb_ne(src[1])[1];  /* q.k and p.v over n_kv keys per output element */
     }
     return w + CB_NODE_WORK;
 }

@@ -56,6 +56,11 @@ def calibrate_eval_reader() -> bool:
     libggml.ggml_new_graph_custom.argtypes = [p, ctypes.c_size_t, ctypes.c_bool]
     libggml.ggml_build_forward_expand.restype = None
     libggml.ggml_build_forward_expand.argtypes = [p, p]
+    libggml.ggml_new_tensor_3d.restype = p
+    libggml.ggml_new_tensor_3d.argtypes = [p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+    f = ctypes.c_float
+    libggml.ggml_flash_attn_ext.restype = p
+    libggml.ggml_flash_attn_ext.argtypes = [p, p, p, p, p, f, f, f]
     mem = (1 << 16) + libggml.ggml_graph_overhead_custom(16, False)
     ctx = libggml.ggml_init(_GgmlInitParams(mem, None, True))
     if not ctx:
@@ -71,7 +76,12 @@ def calibrate_eval_reader() -> bool:
             return False
         before = native.node_work(mm)  # not in a graph yet: not computed, weighs ~nothing
         libggml.ggml_build_forward_expand(libggml.ggml_new_graph_custom(ctx, 16, False), mm)
-        return before < k and native.node_work(mm) > m * n * k
+        if not (before < k and native.node_work(mm) > m * n * k):
+            return False
+        q = libggml.ggml_new_tensor_3d(ctx, 1, 64, 8, 2)  # GGML_TYPE_F16: head dim, tokens, heads
+        kv = [libggml.ggml_new_tensor_3d(ctx, 1, 64, 32, 2) for _ in range(2)]
+        fa = libggml.ggml_flash_attn_ext(ctx, q, kv[0], kv[1], None, 0.125, 0.0, 0.0)
+        return native.calibrate_eval_reader_flash_attn(q, kv[0], fa)
     finally:
         libggml.ggml_free(ctx)
 
