@@ -24,6 +24,8 @@
 #define CB_EXPORT __attribute__((visibility("default")))
 #endif
 
+#define CB_OP_CLASSES 128  /* ggml_op values (GGML_OP_COUNT is ~95 in this ggml) */
+
 typedef struct cb_token {
     _Atomic uint8_t flag;      /* offset 0: non-zero means abort */
     _Atomic int64_t set_ns;    /* when cb_token_set stored the flag */
@@ -38,7 +40,10 @@ typedef struct cb_token {
     int64_t range_start_ns;    /* when the first node of the current range was asked */
     uint64_t last_ask_ticks;   /* when the last node was asked (cb_ticks) */
     uint32_t range_nodes;      /* nodes asked in the current range */
-    double range_work;         /* their estimated work (cb_node_work) */
+    double range_work;         /* their estimated work (cb_node_work x the op's learned scale) */
+    float op_scale[CB_OP_CLASSES]; /* learned cost of an op per unit of work, relative; 0 = not seen */
+    int32_t probe_op;          /* op class of a first-seen node that ended the current range; -1 none */
+    double probe_work;         /* that node's work */
 } cb_token;
 
 /* A constant added to the agent clock. Zero in production; tests set it to
@@ -58,6 +63,7 @@ CB_EXPORT int64_t cb_now_ns(void) {
 
 CB_EXPORT cb_token *cb_token_new(void) {
     cb_token *t = (cb_token *)calloc(1, sizeof(cb_token));
+    if (t) t->probe_op = -1;
     return t;
 }
 
@@ -75,6 +81,7 @@ CB_EXPORT void cb_token_reset(cb_token *t) {
     t->last_ask_ticks = 0;
     t->range_nodes = 0;
     t->range_work = 0.0;
+    t->probe_op = -1;
     atomic_thread_fence(memory_order_seq_cst);
 }
 
@@ -148,6 +155,8 @@ CB_EXPORT void cb_token_set_slice_ns(cb_token *t, int64_t slice_ns) {
     atomic_store_explicit(&t->ns_per_work, 0.0, memory_order_relaxed);
     t->range_nodes = 0;
     t->range_work = 0.0;
+    t->probe_op = -1;
+    for (int i = 0; i < CB_OP_CLASSES; i++) t->op_scale[i] = 0.0f;
 }
 
 /*
@@ -222,7 +231,8 @@ CB_EXPORT int cb_eval_calibrate_flash_attn(const void *q, const void *k, const v
     return 1;
 }
 
-CB_EXPORT double cb_node_work(const void *t) {
+static double cb_node_work_class(const void *t, int *cls) {
+    *cls = 0;
     if (!t || !atomic_load_explicit(&cb_layout_ready, memory_order_acquire)) {
         return 1.0;
     }
@@ -232,6 +242,7 @@ CB_EXPORT double cb_node_work(const void *t) {
     const int64_t *ne = cb_ne(t);
     double w = (double)ne[0] * (double)ne[1] * (double)ne[2] * (double)ne[3];
     const int32_t op = *(const int32_t *)((const char *)t + cb_op_off);
+    *cls = (op >= 0 && op < CB_OP_CLASSES) ? op : 0;
     const void *const *src = (const void *const *)((const char *)t + cb_src_off);
     if (op == cb_op_mul_mat && src[0]) {
         const int64_t *k = cb_ne(src[0]);  /* the weights: k x m, read once, k MACs per output */
@@ -240,6 +251,11 @@ CB_EXPORT double cb_node_work(const void *t) {
         w = w * 2.0 * (double)cb_ne(src[1])[1];  /* q.k and p.v over n_kv keys per output element */
     }
     return w + CB_NODE_WORK;
+}
+
+CB_EXPORT double cb_node_work(const void *t) {
+    int cls;
+    return cb_node_work_class(t, &cls);
 }
 
 /* Asks of one range come back to back (the scheduler asks node after node
@@ -278,13 +294,22 @@ static bool cb_eval_ask(cb_token *t, const void *tensor) {
     }
     t->last_ask_ticks = ticks;
     t->range_nodes++;
-    t->range_work += cb_node_work(tensor);
+    int cls;
+    const double w = cb_node_work_class(tensor, &cls);
     const int64_t slice = atomic_load_explicit(&t->slice_ns, memory_order_relaxed);
-    if (slice == 0) {
+    const double ns_per_work = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
+    if (ns_per_work <= 0.0) {  /* nothing learned: this node alone sets the scale */
+        t->op_scale[cls] = 1.0f;
+        t->range_work += w;
         return true;
     }
-    const double ns_per_work = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
-    return ns_per_work <= 0.0 || t->range_work * ns_per_work >= (double)slice;
+    if (t->op_scale[cls] == 0.0f && slice > 0) {  /* an op not seen yet: end the range here, learn it */
+        t->probe_op = cls;
+        t->probe_work = w;
+        return true;
+    }
+    t->range_work += w * (t->op_scale[cls] > 0.0f ? t->op_scale[cls] : 1.0f);
+    return slice == 0 || t->range_work * ns_per_work >= (double)slice;
 }
 
 /* ask=false: the range up to this node is computed and synchronized. */
@@ -296,11 +321,20 @@ static bool cb_eval_seen(cb_token *t) {
         if (range_ns > atomic_load_explicit(&t->max_range_ns, memory_order_relaxed)) {
             atomic_store_explicit(&t->max_range_ns, range_ns, memory_order_relaxed);
         }
-        const double sample = (double)(range_ns > 0 ? range_ns : 1) / (t->range_work > 1.0 ? t->range_work : 1.0);
         const double est = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
-        atomic_store_explicit(&t->ns_per_work, est > 0.0 ? 0.75 * est + 0.25 * sample : sample,
-                              memory_order_relaxed);
+        const double took = (double)(range_ns > 0 ? range_ns : 1);
+        if (t->probe_op >= 0 && est > 0.0) {
+            /* what the known nodes should have taken; the rest is the new op's (at least a quarter) */
+            double rest = took - t->range_work * est;
+            if (rest < 0.25 * took) rest = 0.25 * took;
+            t->op_scale[t->probe_op] = (float)(rest / (t->probe_work * est));
+        } else {
+            const double sample = took / (t->range_work > 1.0 ? t->range_work : 1.0);
+            atomic_store_explicit(&t->ns_per_work, est > 0.0 ? 0.75 * est + 0.25 * sample : sample,
+                                  memory_order_relaxed);
+        }
     }
+    t->probe_op = -1;
     t->range_nodes = 0;
     t->range_work = 0.0;
     if (atomic_load_explicit(&t->flag, memory_order_relaxed) != 0) {
@@ -319,12 +353,15 @@ static bool cb_eval_seen(cb_token *t) {
  *
  * The asks of a range come *before* its compute, so "has the slice passed?"
  * cannot be answered by the clock at ask time. The reader instead answers
- * "show me" once the range's nodes hold as much work (cb_node_work) as fits
- * in the slice at the learned cost per unit of work (measured over each
- * range, its first ask to its sync, an exponential average; the first range
- * after set_slice is one node). Ranges therefore last about one slice, sync
- * cost included; slice 0 syncs after every node (the scheduler then runs the
- * graph node by node). A set token is answered "show me" at once and "stop"
+ * "show me" once the range's nodes hold as much work as fits in the slice at
+ * the learned cost per unit of work (measured over each range, its first ask
+ * to its sync, an exponential average; the first range after set_slice is one
+ * node). A node's work is cb_node_work (its shapes) times its op's learned
+ * scale: the first node of an op not seen yet ends its range, and what that
+ * range took beyond the known nodes' share sets the op's scale (an im2col or
+ * an erf costs far more per element than an add). Ranges therefore last
+ * about one slice, sync cost included; slice 0 syncs after every node (the
+ * scheduler then runs the graph node by node). A set token is answered "show me" at once and "stop"
  * after the range, stamping seen_ns. polls counts nodes asked, syncs the
  * ranges computed.
  */
