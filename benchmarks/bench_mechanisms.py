@@ -163,7 +163,8 @@ def main() -> int:
     llm = Llama(model_path=model, n_ctx=512, n_batch=256, n_ubatch=256, n_threads=2, verbose=False)
     tokens = engine.prompt_for(PROMPT)
 
-    lat: dict[str, list[float]] = {m: [] for m in ("between_calls", "chunked", "abort_callback", "status_quo_stream")}
+    lat: dict[str, list[float]] = {m: [] for m in ("between_calls", "chunked", "abort_callback", "graph_eval",
+                                                   "status_quo_stream")}
     missed: dict[str, int] = {m: 0 for m in lat}
     for off in offsets:  # interleaved: every mechanism gets the same offset back to back
         for mech in lat:

@@ -14,6 +14,9 @@ from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 LIB_BASENAME = "_cancelbench_native"
+# graph_eval: the eval reader synchronizes the backend about this often (see
+# cb_token_eval_reader); 0 = after every graph node. Workload key graph_slice_us.
+DEFAULT_GRAPH_SLICE_US = 2000
 
 
 class NativeLibraryMissing(RuntimeError):
@@ -93,6 +96,21 @@ def _load() -> ctypes.CDLL:
     lib.cb_token_polls.restype = ctypes.c_uint64
     lib.cb_token_polls.argtypes = [p]
     lib.cb_token_reader.restype = ctypes.c_bool
+    for name in ("cb_token_max_range_ns", "cb_token_slice_ns"):
+        getattr(lib, name).restype = i64
+        getattr(lib, name).argtypes = [p]
+    lib.cb_token_ns_per_work.restype = ctypes.c_double
+    lib.cb_token_ns_per_work.argtypes = [p]
+    lib.cb_node_work.restype = ctypes.c_double
+    lib.cb_node_work.argtypes = [p]
+    lib.cb_eval_calibrate.restype = ctypes.c_int
+    lib.cb_eval_calibrate.argtypes = [p, p, p, i64, i64, i64]
+    lib.cb_eval_calibrate_flash_attn.restype = ctypes.c_int
+    lib.cb_eval_calibrate_flash_attn.argtypes = [p, p, p]
+    lib.cb_token_syncs.restype = ctypes.c_uint64
+    lib.cb_token_syncs.argtypes = [p]
+    lib.cb_token_set_slice_ns.restype = None
+    lib.cb_token_set_slice_ns.argtypes = [p, i64]
     lib.cb_token_reader.argtypes = [p]
     lib.cb_probe_busy.restype = ctypes.c_int
     lib.cb_probe_busy.argtypes = [p, i64, i64, ctypes.POINTER(i64), ctypes.POINTER(i64)]
@@ -103,10 +121,6 @@ _lib = _load()
 # Test hook: a known agent-clock skew (ns), so clock-offset estimation can be checked.
 if os.environ.get("CANCELBENCH_TEST_CLOCK_SKEW_NS"):
     _lib.cb_set_clock_skew_ns(int(os.environ["CANCELBENCH_TEST_CLOCK_SKEW_NS"]))
-
-
-def library_path() -> str:
-    return str(_find_library())
 
 
 def now_ns() -> int:
@@ -122,6 +136,25 @@ def reader_address() -> int:
 def eval_reader_address() -> int:
     """Address of ``bool cb_token_eval_reader(ggml_tensor *, bool ask, void *token)``."""
     return ctypes.cast(_lib.cb_token_eval_reader, ctypes.c_void_p).value
+
+
+def calibrate_eval_reader(a: int, b: int, mm: int, k: int, m: int, n: int) -> bool:
+    """Teach the eval reader where ne[], op, flags and src[] lie in ``struct ggml_tensor``
+    from three real tensors of the loaded ggml: a [k, m] (ggml_set_input), b [k, n],
+    mm = ggml_mul_mat(a, b) (ggml_set_output).
+    Until this succeeds the reader weighs every node alike."""
+    return bool(_lib.cb_eval_calibrate(a, b, mm, k, m, n))
+
+
+def calibrate_eval_reader_flash_attn(q: int, k: int, fa: int) -> bool:
+    """After :func:`calibrate_eval_reader`: fa = ggml_flash_attn_ext(q, k, v, ...) teaches the
+    reader the attention op, so it weighs n_kv multiply-adds per output element."""
+    return bool(_lib.cb_eval_calibrate_flash_attn(q, k, fa))
+
+
+def node_work(tensor: int) -> float:
+    """The eval reader's work estimate of one ggml tensor (1.0 when not calibrated)."""
+    return _lib.cb_node_work(tensor)
 
 
 class CancelToken:
@@ -157,7 +190,32 @@ class CancelToken:
 
     @property
     def polls(self) -> int:
+        """Abort-reader calls plus graph nodes the eval reader was asked about."""
         return _lib.cb_token_polls(self._ptr)
+
+    @property
+    def slice_us(self) -> float:
+        """The eval reader's slice (0 = sync after every graph node)."""
+        return _lib.cb_token_slice_ns(self._ptr) / 1e3
+
+    def set_slice_us(self, slice_us: float) -> None:
+        """Set the eval reader's slice; forgets the learned node cost. Not while a graph runs."""
+        _lib.cb_token_set_slice_ns(self._ptr, int(round(float(slice_us) * 1e3)))
+
+    @property
+    def syncs(self) -> int:
+        """Node ranges the eval reader asked to see (each computed, then synchronized)."""
+        return _lib.cb_token_syncs(self._ptr)
+
+    @property
+    def max_range_ns(self) -> int:
+        """Longest eval-reader range: its first node asked -> synchronized (slice 0: one node)."""
+        return _lib.cb_token_max_range_ns(self._ptr)
+
+    @property
+    def ns_per_work(self) -> float:
+        """The eval reader's learned cost of one unit of node work (ns; 0 = not learned yet)."""
+        return _lib.cb_token_ns_per_work(self._ptr)
 
     def read(self) -> bool:
         """Call the native reader once (counts as a poll, stamps seen_ns)."""

@@ -14,6 +14,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
 
 #if defined(_WIN32)
 #define CB_EXPORT __declspec(dllexport)
@@ -21,11 +24,26 @@
 #define CB_EXPORT __attribute__((visibility("default")))
 #endif
 
+#define CB_OP_CLASSES 128  /* ggml_op values (GGML_OP_COUNT is ~95 in this ggml) */
+
 typedef struct cb_token {
     _Atomic uint8_t flag;      /* offset 0: non-zero means abort */
     _Atomic int64_t set_ns;    /* when cb_token_set stored the flag */
     _Atomic int64_t seen_ns;   /* first time a reader saw the flag set; 0 = never */
-    _Atomic uint64_t polls;    /* reader calls since the last reset */
+    _Atomic uint64_t polls;    /* reader calls since the last reset (eval reader: one per node asked) */
+    /* eval reader (cb_token_eval_reader), see there */
+    _Atomic int64_t slice_ns;      /* configuration: target time between syncs; 0 = every node */
+    _Atomic uint64_t syncs;        /* node ranges the reader asked to see (each one computed + synchronized) */
+    _Atomic int64_t max_range_ns;  /* longest such range: first node asked -> range synchronized */
+    _Atomic double ns_per_work;    /* learned cost of one unit of node work incl. sync share (EMA) */
+    /* eval reader state, touched only by the thread running the graph */
+    int64_t range_start_ns;    /* when the first node of the current range was asked */
+    uint64_t last_ask_ticks;   /* when the last node was asked (cb_ticks) */
+    uint32_t range_nodes;      /* nodes asked in the current range */
+    double range_work;         /* their estimated work (cb_node_work x the op's learned scale) */
+    float op_scale[CB_OP_CLASSES]; /* learned cost of an op per unit of work, relative; 0 = not seen */
+    int32_t probe_op;          /* op class of a first-seen node that ended the current range; -1 none */
+    double probe_work;         /* that node's work */
 } cb_token;
 
 /* A constant added to the agent clock. Zero in production; tests set it to
@@ -45,16 +63,25 @@ CB_EXPORT int64_t cb_now_ns(void) {
 
 CB_EXPORT cb_token *cb_token_new(void) {
     cb_token *t = (cb_token *)calloc(1, sizeof(cb_token));
+    if (t) t->probe_op = -1;
     return t;
 }
 
 CB_EXPORT void cb_token_free(cb_token *t) { free(t); }
 
+/* Clears the flag, stamps and counters; keeps the slice and the learned node cost. */
 CB_EXPORT void cb_token_reset(cb_token *t) {
     atomic_store_explicit(&t->flag, 0, memory_order_relaxed);
     atomic_store_explicit(&t->set_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&t->seen_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&t->polls, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->syncs, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->max_range_ns, 0, memory_order_relaxed);
+    t->range_start_ns = 0;
+    t->last_ask_ticks = 0;
+    t->range_nodes = 0;
+    t->range_work = 0.0;
+    t->probe_op = -1;
     atomic_thread_fence(memory_order_seq_cst);
 }
 
@@ -83,6 +110,14 @@ CB_EXPORT uint64_t cb_token_polls(const cb_token *t) {
     return atomic_load_explicit(&((cb_token *)t)->polls, memory_order_relaxed);
 }
 
+/* The first reader to see the flag set stamps seen_ns. */
+static void cb_stamp_seen(cb_token *t) {
+    if (atomic_load_explicit(&t->seen_ns, memory_order_relaxed) == 0) {
+        int64_t zero = 0;
+        atomic_compare_exchange_strong(&t->seen_ns, &zero, cb_now_ns());
+    }
+}
+
 /*
  * The abort reader: llama_set_abort_callback(ctx, cb_token_reader, token).
  * Relaxed load of the flag byte; the first reader to see it set stamps seen_ns.
@@ -93,25 +128,246 @@ CB_EXPORT bool cb_token_reader(void *data) {
     if (atomic_load_explicit(&t->flag, memory_order_relaxed) == 0) {
         return false;
     }
-    if (atomic_load_explicit(&t->seen_ns, memory_order_relaxed) == 0) {
-        int64_t zero = 0;
-        atomic_compare_exchange_strong(&t->seen_ns, &zero, cb_now_ns());
+    cb_stamp_seen(t);
+    return true;
+}
+
+CB_EXPORT uint64_t cb_token_syncs(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->syncs, memory_order_relaxed);
+}
+
+CB_EXPORT int64_t cb_token_max_range_ns(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->max_range_ns, memory_order_relaxed);
+}
+
+CB_EXPORT double cb_token_ns_per_work(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->ns_per_work, memory_order_relaxed);
+}
+
+CB_EXPORT int64_t cb_token_slice_ns(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->slice_ns, memory_order_relaxed);
+}
+
+/* Sets the eval reader's slice (0 = sync after every node) and forgets the
+ * learned cost. Call between graphs, not while one runs. */
+CB_EXPORT void cb_token_set_slice_ns(cb_token *t, int64_t slice_ns) {
+    atomic_store_explicit(&t->slice_ns, slice_ns > 0 ? slice_ns : 0, memory_order_relaxed);
+    atomic_store_explicit(&t->ns_per_work, 0.0, memory_order_relaxed);
+    t->range_nodes = 0;
+    t->range_work = 0.0;
+    t->probe_op = -1;
+    for (int i = 0; i < CB_OP_CLASSES; i++) t->op_scale[i] = 0.0f;
+}
+
+/*
+ * Node work. The reader weighs a node by the work its shapes imply, so a
+ * range of cheap nodes (views, norms) is not sized like a range of matrix
+ * products. struct ggml_tensor is read at offsets found at run time by
+ * cb_eval_calibrate from real tensors of the loaded ggml (no ggml header is
+ * needed to build this file); until then, or if it fails, every node weighs 1.
+ */
+static _Atomic int cb_layout_ready = 0;
+static size_t cb_ne_off, cb_op_off, cb_flags_off, cb_src_off;
+#define CB_FLAG_INPUT 1    /* GGML_TENSOR_FLAG_INPUT */
+#define CB_FLAG_OUTPUT 2   /* GGML_TENSOR_FLAG_OUTPUT */
+#define CB_FLAG_COMPUTE 16 /* GGML_TENSOR_FLAG_COMPUTE: unset = skipped by every backend (a non-selected branch) */
+static int32_t cb_op_mul_mat;
+static _Atomic int32_t cb_op_flash_attn = -1;
+#define CB_NODE_WORK 1024.0  /* per-node dispatch, in element units */
+
+static const int64_t *cb_ne(const void *t) { return (const int64_t *)((const char *)t + cb_ne_off); }
+
+/* a: [k, m] marked input, b: [k, n], mm = ggml_mul_mat(a, b): [m, n] (ggml ne order)
+ * marked output, none of them computed. Finds ne[] (int64 x4), op (after ne[4] and
+ * nb[4]), flags (between op and src) and src[0], src[1].
+ * Returns 1 when every field was found and checked. */
+CB_EXPORT int cb_eval_calibrate(const void *a, const void *b, const void *mm, int64_t k, int64_t m, int64_t n) {
+    const int64_t want_a[4] = {k, m, 1, 1}, want_mm[4] = {m, n, 1, 1};
+    for (size_t ne_off = 0; ne_off <= 64; ne_off += 8) {
+        const int64_t *na = (const int64_t *)((const char *)a + ne_off);
+        const int64_t *nm = (const int64_t *)((const char *)mm + ne_off);
+        int ok = 1;
+        for (int i = 0; i < 4; i++) ok &= (na[i] == want_a[i]) & (nm[i] == want_mm[i]);
+        if (!ok) continue;
+        const size_t op_off = ne_off + 8 * 4 * 2;  /* ne[4], then nb[4] */
+        const int32_t op_none = *(const int32_t *)((const char *)a + op_off);
+        const int32_t op_mm = *(const int32_t *)((const char *)mm + op_off);
+        if (op_none != 0 || op_mm <= 0) return 0;
+        for (size_t src_off = op_off + 8; src_off <= 512; src_off += 8) {
+            const void *const *src = (const void *const *)((const char *)mm + src_off);
+            if (src[0] == a && src[1] == b) {
+                size_t flags_off = 0;
+                for (size_t f = op_off + 4; f + 4 <= src_off; f += 4) {
+                    if (*(const int32_t *)((const char *)a + f) == CB_FLAG_INPUT &&
+                        *(const int32_t *)((const char *)b + f) == 0 &&
+                        *(const int32_t *)((const char *)mm + f) == CB_FLAG_OUTPUT) {
+                        flags_off = f;
+                        break;
+                    }
+                }
+                if (flags_off == 0) return 0;
+                cb_flags_off = flags_off;
+                cb_ne_off = ne_off;
+                cb_op_off = op_off;
+                cb_src_off = src_off;
+                cb_op_mul_mat = op_mm;
+                atomic_store_explicit(&cb_layout_ready, 1, memory_order_release);
+                return 1;
+            }
+        }
+        return 0;
+    }
+    return 0;
+}
+
+/* After cb_eval_calibrate: fa = ggml_flash_attn_ext(q, k, v, ...) (not computed). Records
+ * its op so attention weighs n_kv multiply-adds per output element. Returns 1 if checked. */
+CB_EXPORT int cb_eval_calibrate_flash_attn(const void *q, const void *k, const void *fa) {
+    if (!atomic_load_explicit(&cb_layout_ready, memory_order_acquire)) return 0;
+    const void *const *src = (const void *const *)((const char *)fa + cb_src_off);
+    const int32_t op = *(const int32_t *)((const char *)fa + cb_op_off);
+    if (src[0] != q || src[1] != k || op <= 0 || op == cb_op_mul_mat) return 0;
+    atomic_store_explicit(&cb_op_flash_attn, op, memory_order_release);
+    return 1;
+}
+
+static double cb_node_work_class(const void *t, int *cls) {
+    *cls = 0;
+    if (!t || !atomic_load_explicit(&cb_layout_ready, memory_order_acquire)) {
+        return 1.0;
+    }
+    if ((*(const int32_t *)((const char *)t + cb_flags_off) & CB_FLAG_COMPUTE) == 0) {
+        return 1.0;  /* not computed: a branch ggml_build_forward_select did not pick */
+    }
+    const int64_t *ne = cb_ne(t);
+    double w = (double)ne[0] * (double)ne[1] * (double)ne[2] * (double)ne[3];
+    const int32_t op = *(const int32_t *)((const char *)t + cb_op_off);
+    *cls = (op >= 0 && op < CB_OP_CLASSES) ? op : 0;
+    const void *const *src = (const void *const *)((const char *)t + cb_src_off);
+    if (op == cb_op_mul_mat && src[0]) {
+        const int64_t *k = cb_ne(src[0]);  /* the weights: k x m, read once, k MACs per output */
+        w = w * (double)k[0] + (double)k[0] * (double)k[1] * (double)k[2] * (double)k[3];
+    } else if (op == atomic_load_explicit(&cb_op_flash_attn, memory_order_relaxed) && src[1]) {
+        w = w * 2.0 * (double)cb_ne(src[1])[1];  /* q.k and p.v over n_kv keys per output element */
+    }
+    return w + CB_NODE_WORK;
+}
+
+CB_EXPORT double cb_node_work(const void *t) {
+    int cls;
+    return cb_node_work_class(t, &cls);
+}
+
+/* Asks of one range come back to back (the scheduler asks node after node
+ * before computing any of them); a longer gap means the graph ran or the
+ * caller was away without the reader being asked to see a node (a split or a
+ * graph ended). The range then starts afresh. The gap is read from the CPU's
+ * counter (a few ns; clock_gettime costs 20-80 ns on a VM and is asked once
+ * per graph node): 100k ticks = 25-100 us on x86 TSCs, longer on slower counters,
+ * where a missed split end only makes the next range end early. */
+#define CB_ASK_GAP_TICKS 100000ULL
+
+static inline uint64_t cb_ticks(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    return __rdtsc();
+#elif defined(__aarch64__)
+    uint64_t v;
+    __asm__ volatile("mrs %0, cntvct_el0" : "=r"(v));
+    return v;
+#else
+    return (uint64_t)cb_now_ns() / 4;  /* ~ticks of a 250 MHz counter */
+#endif
+}
+
+/* ask=true: count the node; "show me" once the range's work fills the slice. */
+static bool cb_eval_ask(cb_token *t, const void *tensor) {
+    atomic_fetch_add_explicit(&t->polls, 1, memory_order_relaxed);
+    if (atomic_load_explicit(&t->flag, memory_order_relaxed) != 0) {
+        cb_stamp_seen(t);
+        return true;  /* stop as soon as the nodes asked so far are computed */
+    }
+    const uint64_t ticks = cb_ticks();
+    if (t->range_nodes == 0 || ticks - t->last_ask_ticks > CB_ASK_GAP_TICKS) {
+        t->range_start_ns = cb_now_ns();
+        t->range_nodes = 0;
+        t->range_work = 0.0;
+    }
+    t->last_ask_ticks = ticks;
+    t->range_nodes++;
+    int cls;
+    const double w = cb_node_work_class(tensor, &cls);
+    const int64_t slice = atomic_load_explicit(&t->slice_ns, memory_order_relaxed);
+    const double ns_per_work = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
+    if (ns_per_work <= 0.0) {  /* nothing learned: this node alone sets the scale */
+        t->op_scale[cls] = 1.0f;
+        t->range_work += w;
+        return true;
+    }
+    if (t->op_scale[cls] == 0.0f && slice > 0) {  /* an op not seen yet: end the range here, learn it */
+        t->probe_op = cls;
+        t->probe_work = w;
+        return true;
+    }
+    t->range_work += w * (t->op_scale[cls] > 0.0f ? t->op_scale[cls] : 1.0f);
+    return slice == 0 || t->range_work * ns_per_work >= (double)slice;
+}
+
+/* ask=false: the range up to this node is computed and synchronized. */
+static bool cb_eval_seen(cb_token *t) {
+    const int64_t now = cb_now_ns();
+    atomic_fetch_add_explicit(&t->syncs, 1, memory_order_relaxed);
+    if (t->range_nodes > 0) {
+        const int64_t range_ns = now - t->range_start_ns;
+        if (range_ns > atomic_load_explicit(&t->max_range_ns, memory_order_relaxed)) {
+            atomic_store_explicit(&t->max_range_ns, range_ns, memory_order_relaxed);
+        }
+        const double est = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
+        const double took = (double)(range_ns > 0 ? range_ns : 1);
+        if (t->probe_op >= 0 && est > 0.0) {
+            /* what the known nodes should have taken; the rest is the new op's (at least a quarter) */
+            double rest = took - t->range_work * est;
+            if (rest < 0.25 * took) rest = 0.25 * took;
+            t->op_scale[t->probe_op] = (float)(rest / (t->probe_work * est));
+        } else {
+            const double sample = took / (t->range_work > 1.0 ? t->range_work : 1.0);
+            atomic_store_explicit(&t->ns_per_work, est > 0.0 ? 0.75 * est + 0.25 * sample : sample,
+                                  memory_order_relaxed);
+        }
+    }
+    t->probe_op = -1;
+    t->range_nodes = 0;
+    t->range_work = 0.0;
+    if (atomic_load_explicit(&t->flag, memory_order_relaxed) != 0) {
+        cb_stamp_seen(t);
+        return false;
     }
     return true;
 }
 
 /*
  * ggml_backend_sched_eval_callback shape: bool (*)(struct ggml_tensor *, bool ask, void *).
- * Asked before each node (ask=true) it must return true to be shown the node;
- * after the node (ask=false) returning false stops the graph compute.
- * Used where llama's abort callback does not reach (clip / mtmd graphs).
+ * ggml_backend_sched_compute_splits (ggml-backend.cpp) asks node after node
+ * (ask=true) until the callback wants to see one, computes that whole range of
+ * nodes as one graph view, synchronizes the backend, then calls again with
+ * ask=false and stops the split when the callback returns false (any backend).
+ *
+ * The asks of a range come *before* its compute, so "has the slice passed?"
+ * cannot be answered by the clock at ask time. The reader instead answers
+ * "show me" once the range's nodes hold as much work as fits in the slice at
+ * the learned cost per unit of work (measured over each range, its first ask
+ * to its sync, an exponential average; the first range after set_slice is one
+ * node). A node's work is cb_node_work (its shapes) times its op's learned
+ * scale: the first node of an op not seen yet ends its range, and what that
+ * range took beyond the known nodes' share sets the op's scale (an im2col or
+ * an erf costs far more per element than an add). Ranges therefore last
+ * about one slice, sync cost included; slice 0 syncs after every node (the
+ * scheduler then runs the graph node by node). A set token is answered "show me" at once and "stop"
+ * after the range, stamping seen_ns. polls counts nodes asked, syncs the
+ * ranges computed.
  */
 CB_EXPORT bool cb_token_eval_reader(void *tensor, bool ask, void *data) {
-    (void)tensor;
-    if (ask) {
-        return true;
-    }
-    return !cb_token_reader(data);
+    cb_token *t = (cb_token *)data;
+    return ask ? cb_eval_ask(t, tensor) : cb_eval_seen(t);
 }
 
 /*

@@ -55,6 +55,7 @@ class WorkloadSpec:
     backends: tuple[str, ...] = ()  # run only on devices of these backends (empty: all)
     duration_us: int = 200_000  # probe engine
     period_us: int = 1_000  # probe engine
+    graph_slice_us: int | None = None  # graph_eval: eval-reader sync slice (None: engine default; 0: every node)
     extra: dict = field(default_factory=dict)  # engine-specific settings (tts/stt)
 
     def engine_params(self) -> dict:
@@ -121,6 +122,7 @@ _WORKLOAD_INTS = {
     "chunk_tokens": (1, MAX_INT32), "prompt_tokens": (1, MAX_INT32), "max_tokens": (1, MAX_INT32),
     "duration_us": (1, MAX_DURATION_US), "period_us": (1, MAX_DURATION_US),
     "n_gpu_layers": (-1, MAX_INT32), "n_ctx": (0, MAX_INT32),
+    "graph_slice_us": (0, MAX_DURATION_US),  # graph_eval: work per synchronized node range; 0 = every node
 }
 
 

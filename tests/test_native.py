@@ -81,3 +81,52 @@ def test_known_answer_probe_measures_its_period():
     # Latency is (0, period] plus error; the error is what the benchmark reports exactly.
     assert statistics.median(latencies) <= period_us * 1.5
     assert abs(statistics.median(errors)) < period_us
+
+
+def _eval_reader():
+    """The exported eval reader as the exact ggml_backend_sched_eval_callback shape."""
+    return llama_cpp.ggml_backend_sched_eval_callback(native.eval_reader_address())
+
+
+def test_eval_reader_slice_zero_asks_to_see_every_node_and_stops_once_set():
+    fn, t = _eval_reader(), native.CancelToken()
+    ud = ctypes.c_void_p(t.address)
+    t.set_slice_us(0)
+    for _ in range(5):
+        assert fn(None, True, ud) is True   # "show me this node": a sync after every node
+        assert fn(None, False, ud) is True  # not set: go on
+    assert (t.polls, t.syncs) == (5, 5)
+    t.set()
+    assert fn(None, True, ud) is True and t.seen_ns >= t.set_ns > 0  # a set token is seen at the ask
+    assert fn(None, False, ud) is False  # ... and stops the split after the range
+    t.reset()
+    assert (t.polls, t.syncs, t.seen_ns, t.max_range_ns) == (0, 0, 0, 0)
+    assert t.slice_us == 0  # the slice is configuration, not trial state
+
+
+def test_eval_reader_slice_groups_nodes_into_ranges():
+    """With a slice the first range is one node (nothing learned yet); then the learned
+    cost per unit of work makes a huge slice hold every node asked without a sync,
+    until the token is set. set_slice_us forgets what was learned."""
+    fn, t = _eval_reader(), native.CancelToken()
+    ud = ctypes.c_void_p(t.address)
+    t.set_slice_us(10_000_000)
+    assert fn(None, True, ud) is True and fn(None, False, ud) is True
+    assert t.ns_per_work > 0 and t.max_range_ns > 0 and t.syncs == 1
+    assert not any(fn(None, True, ud) for _ in range(500))  # one range, no sync asked
+    assert t.syncs == 1 and t.polls == 501
+    t.set()
+    assert fn(None, True, ud) is True and fn(None, False, ud) is False
+    t.set_slice_us(10_000_000)
+    assert t.ns_per_work == 0
+    t.reset()
+    assert fn(None, True, ud) is True  # nothing learned: one node
+
+
+def test_eval_reader_weighs_nodes_by_shape_after_calibration():
+    """Calibrated from real tensors of the loaded ggml (llama_runtime does it at backend init),
+    a matrix product weighs its multiply-adds; without a tensor a node weighs 1."""
+    from cancelbench.device_agents.engines import llama_runtime as rt
+
+    assert rt.calibrate_eval_reader()
+    assert native.node_work(0) == 1.0

@@ -61,7 +61,7 @@ def test_abort_callback_stops_prefill_mid_decode_and_engine_is_reusable(engine, 
 
 
 def test_cancelled_then_normal_matches_a_fresh_engine(engine, text_model):
-    for mech in ("between_calls", "chunked", "abort_callback"):
+    for mech in ("between_calls", "chunked", "abort_callback", "graph_eval"):
         ctl = new_ctl()
         th = cancel_when(ctl, lambda p: p.phase == "generate" and p.tokens_generated >= 2)
         res, _ = run(engine, mech, ctl)
@@ -114,7 +114,9 @@ def test_chunked_prefill_checks_between_chunks(engine):
 
 def test_bad_inputs(engine, tmp_path):
     with pytest.raises(EngineInputError, match="mechanism"):
-        run(engine, "graph_eval")
+        run(engine, "no_such_mechanism")
+    with pytest.raises(EngineInputError, match="graph_slice_us"):
+        TextEngine({"model": engine.workload["model"], "graph_slice_us": -5})
     with pytest.raises(EngineInputError, match="empty prompt"):
         engine.run({"input": "  ", "mechanism": "between_calls"}, new_ctl())
     with pytest.raises(EngineInputError, match="not found"):
@@ -123,3 +125,52 @@ def test_bad_inputs(engine, tmp_path):
     bogus.write_bytes(b"NOPE" + b"\0" * 64)
     with pytest.raises(EngineInputError, match="not a GGUF"):
         TextEngine({"model": str(bogus)})
+
+
+def test_small_vocabulary_yielding_more_tokens_than_bytes_tokenizes(tmp_path, monkeypatch):
+    """A vocabulary without the SentencePiece space piece spells each space with three
+    byte tokens (byte fallback for U+2581), so a text of spaced letters yields about
+    twice as many tokens as it has bytes; the first llama_tokenize call asks for more room."""
+    from cancelbench.datasets import fixtures
+    from cancelbench.device_agents.engines import llama_runtime as rt
+
+    tokens, scores, types = fixtures.fixture_vocab()
+    keep = [i for i, t in enumerate(tokens) if i < 259 or (len(t) == 1 and t != "\u2581")]  # no space piece
+    small = ([tokens[i] for i in keep], [scores[i] for i in keep], [types[i] for i in keep])
+    assert "\u2581" not in small[0] and len(small[0]) < len(tokens)
+    monkeypatch.setattr(fixtures, "fixture_vocab", lambda: small)
+    spec = fixtures.TextFixtureSpec("tiny-small-vocab", "llama", n_embd=64, n_layer=1, n_head=4, n_head_kv=2,
+                                    n_ff=128, n_ctx_train=512, seed=11)
+    model = fixtures.write_text_fixture(spec, tmp_path)
+    text = " ".join("abcdefghij" * 3)
+    eng = TextEngine({"model": str(model), "n_threads": 1, "n_batch": 64, "prompt_tokens": 200, "max_tokens": 2})
+    try:
+        toks = rt.tokenize(eng.vocab, text)
+        assert len(toks) > len(text.encode()) + 8  # more than the first buffer held
+        space = [t for t in range(len(small[0])) if small[0][t] in ("<0xE2>", "<0x96>", "<0x81>")]
+        assert sum(t in space for t in toks) == 3 * text.count(" ") + 3  # every space + the prefix space
+        res = eng.run({"input": text, "mechanism": "between_calls", "seed": 1}, new_ctl())
+        assert res.outcome == "completed" and res.n_input_tokens == 200 and len(res.output) == 2
+    finally:
+        eng.close()
+
+
+def test_gguf_header_reading_with_gguf_reader(text_model, tmp_path):
+    """mtmd_ext reads headers with gguf.GGUFReader: metadata, tensor shapes (ggml ne order),
+    one clear EngineInputError for a file cut short or not GGUF at all."""
+    from cancelbench.device_agents.engines import mtmd_ext as X
+
+    kv = X.read_gguf_kv(text_model)
+    assert kv["general.architecture"] == "llama" and kv["llama.block_count"] == 8
+    assert kv["tokenizer.ggml.tokens"].startswith("<array of ")  # not expanded unless asked for
+    assert X.read_gguf_kv(text_model, {"tokenizer.ggml.tokens"})["tokenizer.ggml.tokens"][:3] == ["<unk>", "<s>", "</s>"]
+    shapes = X.read_gguf_tensor_shapes(text_model)
+    assert shapes["blk.0.ffn_up.weight"] == (768, 2048)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(open(text_model, "rb").read(4096))
+    with pytest.raises(EngineInputError, match="not a readable GGUF"):
+        X.read_gguf_tensor_shapes(cut)
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"NOPE" + b"\0" * 64)
+    with pytest.raises(EngineInputError, match="not a readable GGUF"):
+        X.read_gguf_kv(bogus)

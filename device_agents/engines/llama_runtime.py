@@ -11,7 +11,7 @@ import llama_cpp
 
 from cancelbench import native
 
-from .base import EngineInputError
+from .base import CancelControl, EngineInputError
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -22,7 +22,68 @@ def ensure_backend() -> None:
     with _backend_lock:
         if not _backend_ready:
             llama_cpp.llama_backend_init()
+            try:
+                calibrate_eval_reader()
+            except (ImportError, AttributeError, OSError):  # another ggml: every node then weighs 1
+                pass
             _backend_ready = True
+
+
+class _GgmlInitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+def calibrate_eval_reader() -> bool:
+    """Show the native eval reader three real (unallocated) tensors of the loaded ggml,
+    so it can weigh graph nodes by their shapes (cancel_token.c, cb_eval_calibrate)."""
+    from llama_cpp._ggml import libggml
+
+    p = ctypes.c_void_p
+    libggml.ggml_init.restype = p
+    libggml.ggml_init.argtypes = [_GgmlInitParams]
+    libggml.ggml_new_tensor_2d.restype = p
+    libggml.ggml_new_tensor_2d.argtypes = [p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    libggml.ggml_mul_mat.restype = p
+    libggml.ggml_mul_mat.argtypes = [p, p, p]
+    libggml.ggml_free.restype = None
+    libggml.ggml_free.argtypes = [p]
+    for fn in ("ggml_set_input", "ggml_set_output"):
+        getattr(libggml, fn).restype = None
+        getattr(libggml, fn).argtypes = [p]
+    libggml.ggml_graph_overhead_custom.restype = ctypes.c_size_t
+    libggml.ggml_graph_overhead_custom.argtypes = [ctypes.c_size_t, ctypes.c_bool]
+    libggml.ggml_new_graph_custom.restype = p
+    libggml.ggml_new_graph_custom.argtypes = [p, ctypes.c_size_t, ctypes.c_bool]
+    libggml.ggml_build_forward_expand.restype = None
+    libggml.ggml_build_forward_expand.argtypes = [p, p]
+    libggml.ggml_new_tensor_3d.restype = p
+    libggml.ggml_new_tensor_3d.argtypes = [p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+    f = ctypes.c_float
+    libggml.ggml_flash_attn_ext.restype = p
+    libggml.ggml_flash_attn_ext.argtypes = [p, p, p, p, p, f, f, f]
+    mem = (1 << 16) + libggml.ggml_graph_overhead_custom(16, False)
+    ctx = libggml.ggml_init(_GgmlInitParams(mem, None, True))
+    if not ctx:
+        return False
+    try:
+        k, m, n = 48, 80, 7
+        a = libggml.ggml_new_tensor_2d(ctx, 0, k, m)  # GGML_TYPE_F32
+        b = libggml.ggml_new_tensor_2d(ctx, 0, k, n)
+        mm = libggml.ggml_mul_mat(ctx, a, b)
+        libggml.ggml_set_input(a)
+        libggml.ggml_set_output(mm)
+        if not native.calibrate_eval_reader(a, b, mm, k, m, n):
+            return False
+        before = native.node_work(mm)  # not in a graph yet: not computed, weighs ~nothing
+        libggml.ggml_build_forward_expand(libggml.ggml_new_graph_custom(ctx, 16, False), mm)
+        if not (before < k and native.node_work(mm) > m * n * k):
+            return False
+        q = libggml.ggml_new_tensor_3d(ctx, 1, 64, 8, 2)  # GGML_TYPE_F16: head dim, tokens, heads
+        kv = [libggml.ggml_new_tensor_3d(ctx, 1, 64, 32, 2) for _ in range(2)]
+        fa = libggml.ggml_flash_attn_ext(ctx, q, kv[0], kv[1], None, 0.125, 0.0, 0.0)
+        return native.calibrate_eval_reader_flash_attn(q, kv[0], fa)
+    finally:
+        libggml.ggml_free(ctx)
 
 
 GGML_LOG_LEVEL_ERROR = 4
@@ -73,7 +134,10 @@ def load_model(path: Path, n_gpu_layers: int) -> llama_cpp.llama_model_p:
 
 
 def new_context(model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int,
-                offload: bool) -> llama_cpp.llama_context_p:
+                offload: bool, eval_token: native.CancelToken | None = None) -> llama_cpp.llama_context_p:
+    """A llama context; with ``eval_token`` its scheduler runs the native eval reader
+    (graph_eval): ``cb_eval_user_data`` is fixed for the context's life, so the
+    caller keeps that token alive and binds each trial to it (:func:`bind_graph_token`)."""
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = int(n_ctx)
     cparams.n_batch = int(n_batch)
@@ -83,15 +147,40 @@ def new_context(model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: in
     cparams.no_perf = True
     cparams.op_offload = bool(offload)
     cparams.offload_kqv = bool(offload)
+    if eval_token is not None:
+        cparams.cb_eval = NATIVE_EVAL_READER
+        cparams.cb_eval_user_data = ctypes.c_void_p(eval_token.address)
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:
         raise EngineInputError("llama.cpp could not create a context (n_ctx/n_batch too large?)")
     return ctx
 
 
-# The native reader as a ggml_abort_callback value: a raw C function pointer,
-# so no Python runs on the compute thread when llama.cpp polls it.
+# The native readers as ctypes callback values (raw C function pointers), so no
+# Python runs on the compute thread when llama.cpp / ggml call them.
 NATIVE_ABORT_READER = llama_cpp.ggml_abort_callback(native.reader_address())
+# ggml_backend_sched_eval_callback: the scheduler computes the nodes it was not
+# asked to show as one range, synchronizes after each range the reader asked to
+# see, and stops the split once the token is set (cancel_token.c).
+NATIVE_EVAL_READER = llama_cpp.ggml_backend_sched_eval_callback(native.eval_reader_address())
+
+
+def graph_slice_us(workload: dict) -> int:
+    """The workload's eval-reader slice (``graph_slice_us``; 0 = sync after every node)."""
+    raw = workload.get("graph_slice_us")
+    if raw is None:
+        return native.DEFAULT_GRAPH_SLICE_US
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise EngineInputError(f"graph_slice_us must be an integer >= 0, got {raw!r}")
+    return raw
+
+
+def bind_graph_token(ctl: CancelControl, token: native.CancelToken, slice_us: int) -> None:
+    """Make ``token`` (the one a hooked context polls) the trial's cancel token, with the
+    workload's slice. A cancel already received stays latched (CancelControl.adopt_token)."""
+    if token.slice_us != slice_us:
+        token.set_slice_us(slice_us)
+    ctl.adopt_token(token)
 
 
 def arm_abort(ctx, token: native.CancelToken | None) -> None:
@@ -102,14 +191,21 @@ def arm_abort(ctx, token: native.CancelToken | None) -> None:
         llama_cpp.llama_set_abort_callback(ctx, NATIVE_ABORT_READER, ctypes.c_void_p(token.address))
 
 
-def tokenize(vocab, text: str, add_special: bool = True) -> list[int]:
+def tokenize(vocab, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    """Token ids of ``text``. A vocabulary can yield more tokens than the text has
+    bytes (byte fallback for a piece it lacks): llama_tokenize then returns minus
+    the count it needs, and the call is repeated with exactly that size."""
     data = text.encode("utf-8")
     n_max = len(data) + 8
-    buf = (llama_cpp.llama_token * n_max)()
-    n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, n_max, add_special, False)
-    if n < 0:
-        raise EngineInputError(f"tokenization needs {-n} tokens, more than {n_max}")
-    return list(buf[:n])
+    for _ in range(2):
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n >= 0:
+            return list(buf[:n])
+        if n == -(2**31):  # INT32_MIN: the count overflows int32
+            break
+        n_max = -n
+    raise EngineInputError(f"llama_tokenize could not tokenize a text of {len(data)} bytes (rc {n})")
 
 
 class Batch:

@@ -7,7 +7,7 @@ module holds no new symbol declarations; it holds the glue:
 
 * :func:`init_mtmd` — an mtmd context with an optional *native* ``cb_eval``
   (``cb_token_eval_reader`` from the cancel-token library, so no Python runs on
-  the compute thread). mtmd hands ``cb_eval`` to every clip context it creates
+  the compute thread; it syncs about every ``graph_slice_us``, see cancel_token.c). mtmd hands ``cb_eval`` to every clip context it creates
   (``mtmd.cpp``: ``clip_context_params.cb_eval``; ``clip.cpp``:
   ``ggml_backend_sched_set_eval_callback``), which is the only way to stop a
   clip graph (audio encode, code predictor, code2wav) from outside: llama's
@@ -22,14 +22,14 @@ module holds no new symbol declarations; it holds the glue:
   fails the bounds check before any compute, so the next real call reseeds to
   the trial's seed: same seed, same audio.
 * :func:`read_gguf_kv` / :func:`projector_types` — read an mmproj's projector
-  types from its GGUF header (no load), for a clear error on the wrong file.
+  types from its GGUF header (``gguf.GGUFReader``, no load), for a clear error
+  on the wrong file.
 * :func:`quiet_mtmd_logs` — route libmtmd/clip logs away from stderr.
 """
 
 from __future__ import annotations
 
 import ctypes
-import struct
 import threading
 import wave
 from pathlib import Path
@@ -39,13 +39,13 @@ from llama_cpp import mtmd_cpp as M
 
 from cancelbench import native
 
+from . import llama_runtime as rt
 from .base import CancelControl, EngineInputError
 
-# The native eval reader as a ggml_backend_sched_eval_callback value (a raw C
-# function pointer): asked before a node it answers "show me", after the node it
-# answers "stop" once the token is set. The scheduler then computes the graph
-# node by node, which is what makes it stoppable (and what it costs).
-NATIVE_EVAL_READER = llama_cpp.ggml_backend_sched_eval_callback(native.eval_reader_address())
+# The native eval reader (a raw C function pointer, llama_runtime.NATIVE_EVAL_READER):
+# the clip scheduler computes the graph in node ranges of about one slice,
+# synchronizes after each and stops the split once the token is set.
+NATIVE_EVAL_READER = rt.NATIVE_EVAL_READER
 
 
 @llama_cpp.llama_log_callback
@@ -84,15 +84,17 @@ def init_mtmd(mmproj: Path, model, *, n_threads: int, use_gpu: bool,
     return ctx
 
 
-def bind_token(ctl: CancelControl, token: native.CancelToken) -> None:
-    """Make ``token`` the trial's cancel token (a cancel already received stays latched).
+def bind_token(ctl: CancelControl, token: native.CancelToken,
+               slice_us: int = native.DEFAULT_GRAPH_SLICE_US) -> None:
+    """Make ``token`` the trial's cancel token (a cancel already received stays latched),
+    polled with the workload's ``graph_slice_us``.
 
     ``cb_eval_user_data`` is fixed when the mtmd context is created, so the clip
     scheduler polls the engine's own token; the trial's cancel must set that one.
     The swap happens under the control's lock, so it cannot interleave with
     :meth:`CancelControl.request`.
     """
-    ctl.adopt_token(token)
+    rt.bind_graph_token(ctl, token, slice_us)
 
 
 def reseed_clip_rng(mctx, n_embd: int, seed: int) -> int:
@@ -116,88 +118,37 @@ def reseed_clip_rng(mctx, n_embd: int, seed: int) -> int:
 
 # --------------------------------------------------------------------------- GGUF header reading
 
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+def _gguf_reader(path: Path):
+    """gguf.GGUFReader over ``path`` (memory-mapped; tensor data is not read)."""
+    from gguf import GGUFReader  # pinned dependency; imported here, only header checks need it
+
+    path = Path(path)
+    try:
+        return GGUFReader(path, "r")
+    except (ValueError, IndexError, OSError) as exc:
+        raise EngineInputError(f"{path} is not a readable GGUF file ({exc})") from None
 
 
 def read_gguf_kv(path: Path, wanted: set[str] | None = None) -> dict:
-    """The metadata of a GGUF file (header only; arrays are skipped unless scalar-free)."""
-    path = Path(path)
+    """The metadata of a GGUF file. Scalars and strings as values; an array as its
+    contents when named in ``wanted``, else as ``"<array of N>"`` (a vocabulary can
+    hold 150k strings)."""
+    from gguf import GGUFValueType
+
     out: dict = {}
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise EngineInputError(f"{path} is not a GGUF file")
-        version, = struct.unpack("<I", f.read(4))
-        if version < 2:
-            raise EngineInputError(f"{path}: GGUF version {version} is too old")
-        _n_tensors, n_kv = struct.unpack("<QQ", f.read(16))
-
-        def rstr() -> str:
-            n, = struct.unpack("<Q", f.read(8))
-            return f.read(n).decode("utf-8", "replace")
-
-        def rval(t: int):
-            if t == 8:
-                return rstr()
-            if t == 9:
-                at, n = struct.unpack("<IQ", f.read(12))
-                if at == 8:
-                    for _ in range(n):
-                        rstr()
-                    return f"<array of {n} strings>"
-                fmt = _GGUF_SCALARS[at]
-                size = struct.calcsize("<" + fmt)
-                f.seek(size * n, 1)
-                return f"<array of {n}>"
-            fmt = _GGUF_SCALARS[t]
-            return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
-
-        for _ in range(n_kv):
-            key = rstr()
-            t, = struct.unpack("<I", f.read(4))
-            val = rval(t)
-            if wanted is None or key in wanted:
-                out[key] = val
+    for key, fld in _gguf_reader(path).fields.items():
+        if wanted is not None and key not in wanted:
+            continue
+        if fld.types and fld.types[0] == GGUFValueType.ARRAY and wanted is None:
+            out[key] = f"<array of {len(fld.data)}>"
+        else:
+            out[key] = fld.contents()
     return out
 
 
 def read_gguf_tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """{tensor name: ggml ne} from a GGUF header (no data read)."""
-    path = Path(path)
-    shapes: dict[str, tuple[int, ...]] = {}
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise EngineInputError(f"{path} is not a GGUF file")
-        f.read(4)
-        n_tensors, n_kv = struct.unpack("<QQ", f.read(16))
-
-        def rstr() -> str:
-            n, = struct.unpack("<Q", f.read(8))
-            return f.read(n).decode("utf-8", "replace")
-
-        def skip(t: int) -> None:
-            if t == 8:
-                rstr()
-            elif t == 9:
-                at, n = struct.unpack("<IQ", f.read(12))
-                if at == 8:
-                    for _ in range(n):
-                        rstr()
-                else:
-                    f.seek(struct.calcsize("<" + _GGUF_SCALARS[at]) * n, 1)
-            else:
-                f.seek(struct.calcsize("<" + _GGUF_SCALARS[t]), 1)
-
-        for _ in range(n_kv):
-            rstr()
-            t, = struct.unpack("<I", f.read(4))
-            skip(t)
-        for _ in range(n_tensors):
-            name = rstr()
-            nd, = struct.unpack("<I", f.read(4))
-            ne = struct.unpack("<" + "Q" * nd, f.read(8 * nd))
-            f.read(4 + 8)  # type, offset
-            shapes[name] = tuple(int(x) for x in ne)
-    return shapes
+    return {t.name: tuple(int(x) for x in t.shape) for t in _gguf_reader(path).tensors}
 
 
 def projector_types(mmproj: Path) -> dict[str, str | None]:
@@ -270,23 +221,3 @@ def read_wav_mono_f32(path: Path, expected_rate: int):
     return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
 
 
-# --------------------------------------------------------------------------- locks
-
-def verify_locked(workload: dict, paths: dict[str, Path]) -> dict[str, str]:
-    """Verify every model file against the workload's lock (``lock``: a lock JSON path).
-
-    Returns {role: sha256}. A mismatch, a missing entry or a missing lock file is an
-    :class:`EngineInputError` (exit 2 at the CLI), raised before anything is loaded.
-    """
-    from cancelbench.datasets.locks import LockError, verify_against
-
-    lock = workload.get("lock")
-    if not lock:
-        return {}
-    out = {}
-    for role, p in paths.items():
-        try:
-            out[role] = verify_against(Path(p), Path(lock))
-        except LockError as exc:
-            raise EngineInputError(f"lock check failed for the {role}: {exc}") from None
-    return out

@@ -28,7 +28,7 @@ class EngineSpec:
 
 
 ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
-    EngineSpec("text", ("prefill", "generate"), ("between_calls", "abort_callback", "chunked"), ".text:TextEngine"),
+    EngineSpec("text", ("prefill", "generate"), MECHANISMS, ".text:TextEngine"),
     EngineSpec("tts", ("set_input", "prompt", "generate", "code2wav", "output"), MECHANISMS, ".tts:TtsEngine",
                needs_mmproj=True),
     EngineSpec("stt", ("preprocess", "prefill", "encode", "decode_embd", "generate"), MECHANISMS,

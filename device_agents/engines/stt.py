@@ -75,6 +75,7 @@ class SttEngine:
         self.max_tokens = int(workload.get("max_tokens", 16))
         self.n_gpu_layers = int(workload.get("n_gpu_layers", 0))
         self.system_prompt = str(workload.get("system_prompt", ""))
+        self.graph_slice_us = rt.graph_slice_us(workload)  # graph_eval: eval-reader slice
         if min(self.n_batch, self.n_ubatch, self.chunk_tokens, self.max_tokens) < 1:
             raise EngineInputError("n_batch, n_ubatch, chunk_tokens and max_tokens must be >= 1")
 
@@ -117,7 +118,7 @@ class SttEngine:
             self._mctx[True] = X.init_mtmd(self.mmproj_path, self.model, n_threads=self.n_threads,
                                            use_gpu=self.use_gpu, eval_token=self.graph_token)
         if hooked:
-            X.bind_token(ctl, self.graph_token)
+            X.bind_token(ctl, self.graph_token, self.graph_slice_us)
         return self._mctx[hooked]
 
     def load_audio(self, path: str):

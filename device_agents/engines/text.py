@@ -4,6 +4,17 @@ Phases: ``prefill`` (the prompt in batches of n_batch, or chunk_tokens for the
 chunked mechanism) and ``generate`` (one token per decode). Every decode is
 timed to ``llama_synchronize`` because GPU backends return from llama_decode
 before the device has finished.
+
+Mechanisms: ``between_calls`` (the flag between decodes), ``abort_callback``
+(the native reader on llama_set_abort_callback; llama_decode returns 2; only
+the CPU backend polls it), ``chunked`` (prefill in chunk_tokens batches) and
+``graph_eval``: a second llama context created with the native eval reader as
+``cb_eval``. ggml's scheduler then computes each split in node ranges of about
+``graph_slice_us``, synchronizes the backend after each and stops the split once
+the token is set — on any backend. The stop is silent (llama_decode returns 0
+with half-computed outputs and the batch's positions in the KV cache), so a
+decode during which the token was set is treated as cancelled: its outputs are
+discarded and its positions removed (llama_memory_seq_rm).
 """
 
 from __future__ import annotations
@@ -17,13 +28,15 @@ from cancelbench import native
 
 from . import llama_runtime as rt
 from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, sha256_of
+from .registry import ENGINES
 
-TEXT_MECHANISMS = ("between_calls", "abort_callback", "chunked")
+MECHANISMS = ENGINES["text"].mechanisms
+PHASES = ENGINES["text"].phases
 
 
 class TextEngine:
     kind = "text"
-    phases = ("prefill", "generate")
+    phases = PHASES
 
     def __init__(self, workload: dict) -> None:
         self.workload = workload
@@ -35,6 +48,7 @@ class TextEngine:
         self.n_ctx = int(workload.get("n_ctx", max(512, self.prompt_tokens + self.max_tokens + 8)))
         self.n_threads = int(workload.get("n_threads", 2))
         self.n_gpu_layers = int(workload.get("n_gpu_layers") or 0)
+        self.graph_slice_us = rt.graph_slice_us(workload)
         if self.prompt_tokens + self.max_tokens > self.n_ctx:
             raise EngineInputError(f"prompt_tokens + max_tokens ({self.prompt_tokens + self.max_tokens}) "
                                    f"exceeds n_ctx {self.n_ctx}")
@@ -44,18 +58,37 @@ class TextEngine:
         rt.quiet_logs()
         self.model = rt.load_model(path, self.n_gpu_layers)
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
-        self.ctx = rt.new_context(self.model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-                                  n_threads=self.n_threads, offload=self.n_gpu_layers > 0)
+        self.ctx = self._new_context(None)
         self.mem = llama_cpp.llama_get_memory(self.ctx)
+        # graph_eval: a context whose scheduler polls graph_token, made at the first graph_eval trial
+        self.graph_token: native.CancelToken | None = None
+        self.graph_ctx = None
         self.batch = rt.Batch(max(self.n_batch, 1))
         self.sampler = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         llama_cpp.llama_sampler_chain_add(self.sampler, llama_cpp.llama_sampler_init_greedy())
         self._prompt_cache: dict[str, list[int]] = {}
 
+    def _new_context(self, eval_token: native.CancelToken | None):
+        return rt.new_context(self.model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                              n_threads=self.n_threads, offload=self.n_gpu_layers > 0, eval_token=eval_token)
+
+    def _context_for(self, mechanism: str, ctl: CancelControl):
+        """The plain context, or (graph_eval) the hooked one with ``ctl`` bound to its token."""
+        if mechanism != "graph_eval":
+            return self.ctx
+        if self.graph_ctx is None:
+            # cb_eval_user_data is fixed for the context's life: bind it to this trial's token
+            # (the agent keeps one per agent) and keep a reference (see TtsEngine._contexts)
+            self.graph_token = ctl.token
+            self.graph_ctx = self._new_context(self.graph_token)
+        rt.bind_graph_token(ctl, self.graph_token, self.graph_slice_us)
+        return self.graph_ctx
+
     def describe(self) -> dict:
         return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
                 "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_tokens,
-                "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads}
+                "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads,
+                "graph_slice_us": self.graph_slice_us}
 
     def prompt_for(self, text: str) -> list[int]:
         """Tokenize and repeat/trim to exactly ``prompt_tokens`` (BOS kept first)."""
@@ -72,24 +105,36 @@ class TextEngine:
         self._prompt_cache[text] = out
         return out
 
-    def _decode(self, ctl: CancelControl, tokens: list[int], pos: int, logits_last: bool) -> int:
+    def _decode(self, ctl: CancelControl, ctx, tokens: list[int], pos: int, logits_last: bool,
+                hooked: bool) -> tuple[int, bool]:
+        """One llama_decode, timed to llama_synchronize: (its rc, whether it was stopped).
+        rc 2: the abort reader aborted it. With the eval reader (``hooked``) the stop is
+        silent (rc 0), so any decode during which the token was set counts as stopped:
+        its positions leave the KV cache and its outputs are never read."""
         b = self.batch.fill(tokens, pos, logits_last)
         with ctl.native_call("llama_decode"):
-            rc = llama_cpp.llama_decode(self.ctx, b)
-            llama_cpp.llama_synchronize(self.ctx)
-        return rc
+            rc = llama_cpp.llama_decode(ctx, b)
+            llama_cpp.llama_synchronize(ctx)
+        if hooked and ctl.token.is_set():
+            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), 0, pos, -1)
+            return rc, True
+        return rc, rc == 2
 
     def run(self, trial: dict, ctl: CancelControl) -> EngineResult:
         mechanism = trial["mechanism"]
-        if mechanism not in TEXT_MECHANISMS:
+        if mechanism not in MECHANISMS:
             raise EngineInputError(f"text engine does not implement mechanism {mechanism!r} "
-                                   f"(has: {', '.join(TEXT_MECHANISMS)})")
+                                   f"(has: {', '.join(MECHANISMS)})")
         tokens = self.prompt_for(trial["input"])
         progress = ctl.progress
+        hooked = mechanism == "graph_eval"
+        ctx = self._context_for(mechanism, ctl)
+        self._last_ctx = ctx
         # Leftovers of the previous trial (an aborted ubatch's earlier ubatches) go first.
-        llama_cpp.llama_memory_clear(self.mem, True)
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
         llama_cpp.llama_sampler_reset(self.sampler)
-        rt.arm_abort(self.ctx, ctl.token if mechanism == "abort_callback" else None)
+        if not hooked:
+            rt.arm_abort(ctx, ctl.token if mechanism == "abort_callback" else None)
         step = self.chunk_tokens if mechanism == "chunked" else self.n_batch
 
         clock = PhaseClock(progress)
@@ -104,9 +149,8 @@ class TextEngine:
                 stopped = True
                 break
             chunk = tokens[i:i + step]
-            rc = self._decode(ctl, chunk, pos, logits_last=i + step >= len(tokens))
-            if rc == 2:  # aborted by the native reader; llama.cpp dropped this ubatch's positions
-                stopped = True
+            rc, stopped = self._decode(ctl, ctx, chunk, pos, logits_last=i + step >= len(tokens), hooked=hooked)
+            if stopped:  # by a native reader; this batch's positions are gone
                 break
             if rc != 0:
                 raise RuntimeError(f"llama_decode returned {rc} during prefill")
@@ -119,11 +163,10 @@ class TextEngine:
                     stopped = True
                     break
                 with ctl.native_call("llama_sampler_sample"):
-                    tok = llama_cpp.llama_sampler_sample(self.sampler, self.ctx, -1)
+                    tok = llama_cpp.llama_sampler_sample(self.sampler, ctx, -1)
                 generated.append(int(tok))
-                rc = self._decode(ctl, [tok], pos, logits_last=True)
-                if rc == 2:
-                    stopped = True
+                rc, stopped = self._decode(ctl, ctx, [tok], pos, logits_last=True, hooked=hooked)
+                if stopped:
                     break
                 if rc != 0:
                     raise RuntimeError(f"llama_decode returned {rc} during generate")
@@ -134,12 +177,17 @@ class TextEngine:
                             output_sha256=sha256_of(array.array("i", generated).tobytes()))
 
     def kv_pos_max(self) -> int:
-        return llama_cpp.llama_memory_seq_pos_max(self.mem, 0)
+        """Highest KV position of sequence 0 in the context the last trial used (-1: empty)."""
+        ctx = getattr(self, "_last_ctx", None) or self.ctx
+        return llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(ctx), 0)
 
     def close(self) -> None:
-        if getattr(self, "ctx", None):
-            llama_cpp.llama_free(self.ctx)
-            self.ctx = None
+        for attr in ("graph_ctx", "ctx"):
+            if getattr(self, attr, None):
+                llama_cpp.llama_free(getattr(self, attr))
+                setattr(self, attr, None)
+        self._last_ctx = None
+        self.graph_token = None  # not ours to free: a trial's token (the agent's, usually)
         if getattr(self, "batch", None):
             self.batch.free()
         if getattr(self, "sampler", None):
@@ -155,7 +203,7 @@ class ProbeEngine:
     every ``period_us``. The harness's measured latency must match the period."""
 
     kind = "probe"
-    phases = ("busy",)
+    phases = ENGINES["probe"].phases
 
     def __init__(self, workload: dict) -> None:
         self.duration_us = int(workload.get("duration_us", 200_000))
@@ -188,19 +236,3 @@ class ProbeEngine:
 
     def close(self) -> None:
         pass
-
-
-def make_engine(workload: dict):
-    """Engine registry: the workload's ``engine`` key picks the class."""
-    kind = workload.get("engine", "text")
-    if kind == "text":
-        return TextEngine(workload)
-    if kind == "probe":
-        return ProbeEngine(workload)
-    if kind == "tts":
-        from .tts import TtsEngine
-        return TtsEngine(workload)
-    if kind == "stt":
-        from .stt import SttEngine
-        return SttEngine(workload)
-    raise EngineInputError(f"unknown engine {kind!r} (known: text, tts, stt, probe)")

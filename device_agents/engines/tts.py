@@ -96,6 +96,7 @@ class TtsEngine:
         self.temp = float(workload.get("temp", 0.9))
         self.lang = str(workload.get("lang", "en"))
         self.default_seed = int(workload.get("seed", 1234))
+        self.graph_slice_us = rt.graph_slice_us(workload)  # graph_eval: eval-reader slice
         if min(self.n_batch, self.n_ubatch, self.chunk_tokens, self.max_frames) < 1:
             raise EngineInputError("n_batch, n_ubatch, chunk_tokens and max_frames must be >= 1")
 
@@ -172,7 +173,7 @@ class TtsEngine:
                                            use_gpu=self.use_gpu, eval_token=self.graph_token)
             self._gen[True] = M.mtmd_helper_gen_audio_init(self.ctx, self._mctx[True])
         if hooked:
-            X.bind_token(ctl, self.graph_token)
+            X.bind_token(ctl, self.graph_token, self.graph_slice_us)
         return self._mctx[hooked], self._gen[hooked]
 
     def _new_sampler(self, seed: int):

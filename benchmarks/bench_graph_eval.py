@@ -1,0 +1,303 @@
+"""graph_eval benchmark: the work-sliced native eval reader, side by side in one run.
+
+* ``vulkan_text`` — Vulkan on lavapipe (a child process: the device must be made
+  visible before ggml loads), text-qwen3-14m prefill, every layer on the device:
+  in-flight cancel latency and residue for ``between_calls``, ``chunked`` and
+  ``graph_eval`` (default slice) against the prefill decode's duration and its
+  largest node (``max_range_ns`` of a slice-0 run: one node + its sync).
+* ``cpu_text`` — text-llama-57m prefill on the CPU backend: ``abort_callback`` vs
+  ``graph_eval`` at several slices, same measures.
+* ``overhead`` — uncancelled-run cost of ``graph_eval`` per slice against
+  ``between_calls`` on the same engine for text (CPU), TTS and STT (CPU fixtures):
+  interleaved pairs (A B A B ...), median of the per-pair ratios, so the drift of
+  a shared machine hits both sides alike.
+
+Latency = t_terminal - t_received; residue = t_native_returned - t_received (the
+native call in flight ran on this long after the cancel). Percentiles are the
+reports' nearest-rank ones. Target: residue <= slice + 2 x largest node.
+
+    nice -n 10 python benchmarks/bench_graph_eval.py [--trials 12] [--vk-trials 5] [--pairs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_speech import (STT_TARGETS, TTS_TARGETS, TTS_TEXT, _ctl, cancel_at, cancel_trials,  # noqa: E402
+                          stt_reference, tts_reference)
+
+from cancelbench import native  # noqa: E402
+from cancelbench.datasets import speech_fixtures as SF  # noqa: E402
+from cancelbench.datasets.fixtures import ensure_text_fixture  # noqa: E402
+from cancelbench.device_agents.engines.base import CancelControl, Progress  # noqa: E402
+from cancelbench.device_agents.engines.text import TextEngine  # noqa: E402
+from cancelbench.reports.stats import percentile  # noqa: E402
+
+PROMPT = "The quick brown fox jumps over the lazy dog while the engine keeps talking about cancel latency."
+DEFAULT = native.DEFAULT_GRAPH_SLICE_US
+CPU_SLICES = (0, 500, DEFAULT, 8000)
+
+
+def dist(values) -> dict:
+    vals = [float(v) for v in values if v is not None]
+    return {"n": len(vals), "p50": percentile(vals, 0.5), "p99": percentile(vals, 0.99), "max": max(vals, default=None)}
+
+
+def text_trial(eng: TextEngine, mech: str, ctl=None):
+    ctl = ctl or _ctl()
+    return eng.run({"input": PROMPT, "mechanism": mech, "seed": 1}, ctl), ctl
+
+
+def largest_node_ms(eng: TextEngine) -> float:
+    """One node + its sync, at most: an uncancelled run with the reader syncing after every node."""
+    text_trial(eng, "graph_eval")  # warm: a first run on a GPU backend also builds its pipelines
+    keep, eng.graph_slice_us = eng.graph_slice_us, 0
+    _, ctl = text_trial(eng, "graph_eval")
+    eng.graph_slice_us = keep
+    return ctl.token.max_range_ns / 1e6
+
+
+def prefill_cancels(eng: TextEngine, mech: str, trials: int, rng: random.Random) -> dict:
+    """Reference prefill duration, then cancels at uniform points inside the prefill decode."""
+    refs = [text_trial(eng, mech)[0] for _ in range(2)]
+    prefill_ms = statistics.median(r.phase_durations_ms["prefill"] for r in refs)
+    lat, res, ranges = [], [], []
+    in_decode = lambda p: p.phase == "prefill" and p.native_call == "llama_decode"  # noqa: E731
+    for _ in range(trials):
+        ctl = _ctl()
+        th = cancel_at(ctl, in_decode, rng.uniform(0.05, 0.9) * prefill_ms / 1e3)
+        r, ctl = text_trial(eng, mech, ctl)
+        th.join(30)
+        if r.outcome != "cancelled" or ctl.native_returned_ns is None:
+            continue  # the cancel missed the decode in flight
+        lat.append((r.t_terminal_ns - ctl.received_ns) / 1e6)
+        res.append((ctl.native_returned_ns - ctl.received_ns) / 1e6)
+        ranges.append(ctl.token.max_range_ns / 1e6)
+    return {"prefill_ms": prefill_ms, "latency_ms": dist(lat), "residue_ms": dist(res),
+            "max_range_ms": max(ranges, default=None), "trials": trials}
+
+
+def within_bound(cell: dict, slice_us: int, node_ms: float) -> dict:
+    bound = slice_us / 1e3 + 2 * node_ms
+    worst = cell["residue_ms"]["max"]
+    return {"bound_ms": bound, "met": worst is not None and worst <= bound}
+
+
+def text_cells(model: str, ngl: int, prompt_tokens: int, mechs: dict, trials: int, seed: int,
+               threads: int) -> dict:
+    """mechs: label -> (mechanism, slice_us or None, chunk_tokens)."""
+    rng = random.Random(seed)
+    out: dict = {"n_threads": threads}
+    for label, (mech, slice_us, chunk) in mechs.items():
+        wl = {"model": model, "n_threads": threads, "n_batch": prompt_tokens, "prompt_tokens": prompt_tokens,
+              "max_tokens": 1, "chunk_tokens": chunk, "n_gpu_layers": ngl}
+        eng = TextEngine({**wl, "graph_slice_us": DEFAULT if slice_us is None else slice_us})
+        try:
+            if "node_ms" not in out:
+                out["node_ms"] = largest_node_ms(eng)
+            cell = prefill_cancels(eng, mech, trials, rng)
+            if mech == "graph_eval":
+                cell.update(slice_us=slice_us, **within_bound(cell, slice_us, out["node_ms"]))
+            out[label] = cell
+            print(f"{label}: {json.dumps(cell)}", file=sys.stderr, flush=True)
+        finally:
+            eng.close()
+    return out
+
+
+def vulkan_text(args) -> dict:
+    model = str(ensure_text_fixture("text-qwen3-14m"))
+    mechs = {"between_calls": ("between_calls", None, 16), "chunked": ("chunked", None, 16),
+             f"graph_eval@{DEFAULT}us": ("graph_eval", DEFAULT, 16)}
+    return {"model": "text-qwen3-14m", "prompt_tokens": 64, "n_gpu_layers": 999,
+            **text_cells(model, 999, 64, mechs, args.vk_trials, args.seed, 2)}
+
+
+def run_vulkan_child(args) -> dict:
+    env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, __file__, "--part", "vulkan", "--vk-trials", str(args.vk_trials), "--seed", str(args.seed)]
+    cp = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    sys.stderr.write(cp.stderr[-3000:])
+    line = next((ln for ln in cp.stdout.splitlines() if ln.startswith("RESULT:")), None)
+    if cp.returncode != 0 or not line:
+        return {"error": f"vulkan child rc={cp.returncode}"}
+    return json.loads(line[len("RESULT:"):])
+
+
+def cpu_text(args) -> dict:
+    model = str(ensure_text_fixture("text-llama-57m"))
+    mechs = {"abort_callback": ("abort_callback", None, 32)}
+    mechs.update({f"graph_eval@{s}us": ("graph_eval", s, 32) for s in CPU_SLICES})
+    return {"model": "text-llama-57m", "prompt_tokens": 256, "n_gpu_layers": 0,
+            **text_cells(model, 0, 256, mechs, args.trials, args.seed, args.cpu_threads)}
+
+
+def paired(run_base, run_graph, pairs: int) -> dict:
+    """Interleaved uncancelled runs (base, graph_eval, base, ...); each run returns
+    (wall ms, process CPU ms, syncs). Overhead = median of the per-pair ratios - 1,
+    in wall time and in CPU time (less sensitive to other load on a shared host)."""
+    runs = [(run_base(), run_graph()) for _ in range(pairs)]
+    med = statistics.median
+
+    def pct(i: int) -> float:
+        return round(100 * (med(g[i] / b[i] for b, g in runs) - 1), 2)
+
+    return {"base_ms": med(b[0] for b, _ in runs), "graph_eval_ms": med(g[0] for _, g in runs),
+            "overhead_pct": pct(0), "cpu_overhead_pct": pct(1), "syncs": med(g[2] for _, g in runs),
+            "pairs": pairs}
+
+
+def speech_engines() -> dict:
+    """name -> (engine class, workload, trial fields) for the CPU fixtures."""
+    from cancelbench.device_agents.engines.stt import SttEngine
+    from cancelbench.device_agents.engines.tts import WINDOW_FRAMES, TtsEngine
+
+    paths = SF.ensure_speech_fixtures()
+    clip = str(SF.audio_clip("speech-medium"))
+    return {
+        "tts": (TtsEngine, {"model": str(paths["tts"]["model"]), "mmproj": str(paths["tts"]["mmproj"]),
+                            "n_threads": 1, "n_batch": 16, "max_frames": WINDOW_FRAMES + 8},
+                {"input": TTS_TEXT, "seed": 11}),
+        "stt": (SttEngine, {"model": str(paths["asr"]["model"]), "mmproj": str(paths["asr"]["mmproj"]),
+                            "n_threads": 1, "max_tokens": 12}, {"input": clip}),
+    }
+
+
+def speech_residue(args) -> dict:
+    """graph_eval at the default slice inside the clip graphs (TTS generate/code2wav, STT
+    encode), against the largest clip node (a slice-0 run's longest range)."""
+    rng = random.Random(args.seed)
+    out: dict = {}
+    for name, (cls, wl, trial) in speech_engines().items():
+        eng = cls(wl)
+        try:
+            targets = {k: TTS_TARGETS[k] for k in ("generate", "code2wav")} if name == "tts" else \
+                {"encode": STT_TARGETS["encode"]}
+            ref = (tts_reference(eng, "graph_eval", 2) if name == "tts"
+                   else stt_reference(eng, "graph_eval", 2, trial["input"]))
+            cells = cancel_trials(lambda ctl: eng.run({**trial, "mechanism": "graph_eval"}, ctl), targets, ref,
+                                  args.trials, rng)
+            eng.graph_slice_us = 0
+            eng.run({**trial, "mechanism": "graph_eval"}, _ctl())
+            node_ms = eng.graph_token.max_range_ns / 1e6
+            for cell in cells.values():
+                cell.update(within_bound(cell, DEFAULT, node_ms), slice_us=DEFAULT)
+            out[name] = {"node_ms": node_ms, "phases": cells}
+            print(f"residue {name}: {json.dumps(out[name])}", file=sys.stderr, flush=True)
+        finally:
+            eng.close()
+    return out
+
+
+def overhead(args) -> dict:
+    text = {"model": str(ensure_text_fixture("text-llama-57m")), "n_threads": args.cpu_threads,
+            "prompt_tokens": 256, "max_tokens": 8}
+    engines = {"text": (TextEngine, text, {"input": PROMPT}),
+               **speech_engines()}
+    out: dict = {}
+    for name, (cls, wl, trial) in engines.items():
+        eng = cls(wl)
+        token = native.CancelToken()
+
+        def once(mech: str) -> tuple[float, float, int]:
+            token.reset()
+            ctl = CancelControl(token, Progress())
+            cpu0 = time.process_time_ns()
+            r = eng.run({**trial, "mechanism": mech}, ctl)
+            cpu = (time.process_time_ns() - cpu0) / 1e6
+            assert r.outcome == "completed", (name, mech, r.outcome)
+            return (r.t_terminal_ns - r.t_start_ns) / 1e6, cpu, ctl.token.syncs
+
+        once("between_calls"), once("graph_eval")  # warm both contexts
+        out[name] = {}
+        for s in CPU_SLICES:
+            eng.graph_slice_us = s
+            out[name][f"{s}us"] = paired(lambda: once("between_calls"), lambda: once("graph_eval"), args.pairs)
+            print(f"overhead {name} {s}us: {json.dumps(out[name][f'{s}us'])}", file=sys.stderr, flush=True)
+        eng.close()
+    return out
+
+
+def _r(x):
+    return None if x is None else round(x, 2)
+
+
+def table(result: dict) -> list[str]:
+    rows = ["backend | mechanism | n | latency p50 / p99 / max ms | residue p50 / max ms | prefill ms "
+            "| largest node ms | bound ms (met)", "---|---|---|---|---|---|---|---"]
+    for backend in ("vulkan_text", "cpu_text"):
+        part = result.get(backend, {})
+        for label, c in part.items():
+            if not isinstance(c, dict) or "latency_ms" not in c:  # node_ms, n_threads, model...
+                continue
+            lat, res = c["latency_ms"], c["residue_ms"]
+            bound = f"{_r(c['bound_ms'])} ({'met' if c['met'] else 'NOT met'})" if "bound_ms" in c else "-"
+            rows.append(f"{backend.split('_')[0]} | {label} | {lat['n']}/{c['trials']} | {_r(lat['p50'])} / "
+                        f"{_r(lat['p99'])} / {_r(lat['max'])} | {_r(res['p50'])} / {_r(res['max'])} | "
+                        f"{_r(c['prefill_ms'])} | {_r(part['node_ms'])} | {bound}")
+    rows += ["", "engine | phase | n in flight | latency p50 / max ms | residue p50 / max ms | largest node ms "
+             "| bound ms (met)", "---|---|---|---|---|---|---"]
+    for eng, e in result.get("speech_residue", {}).items():
+        for phase, c in e["phases"].items():
+            rows.append(f"{eng} | {phase} | {c['n_in_flight']}/{c['n']} | {_r(c['latency_ms']['p50'])} / "
+                        f"{_r(c['latency_ms']['max'])} | {_r(c['residue_ms']['p50'])} / {_r(c['residue_ms']['max'])} | "
+                        f"{_r(e['node_ms'])} | {_r(c['bound_ms'])} ({'met' if c['met'] else 'NOT met'})")
+    rows += ["", "engine | slice | between_calls ms | graph_eval ms | overhead % wall / CPU | syncs",
+             "---|---|---|---|---|---"]
+    for eng, slices in result.get("overhead", {}).items():
+        for s, o in slices.items():
+            rows.append(f"{eng} | {s} | {_r(o['base_ms'])} | {_r(o['graph_eval_ms'])} | {o['overhead_pct']} / "
+                        f"{o['cpu_overhead_pct']} | {o['syncs']}")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=12, help="CPU cancel trials per cell")
+    ap.add_argument("--vk-trials", type=int, default=5, help="Vulkan (lavapipe) cancel trials per cell")
+    ap.add_argument("--pairs", type=int, default=5, help="interleaved overhead pairs per slice")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cpu-threads", type=int, default=1,
+                    help="CPU text threads (1: on a shared 2-core host two threads wait on each other's time slices)")
+    ap.add_argument("--part", choices=("all", "vulkan"), default="all")
+    ap.add_argument("--skip", default="", help="comma list of vulkan,cpu,speech,overhead to leave out")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "graph_eval.json"))
+    args = ap.parse_args()
+    if args.part == "vulkan":
+        print("RESULT:" + json.dumps(vulkan_text(args)))
+        return
+    skip = set(filter(None, args.skip.split(",")))
+    t0 = time.time()
+    result: dict = {"bench": "graph_eval", "default_slice_us": DEFAULT, "cpu_slices_us": list(CPU_SLICES),
+                    "trials": args.trials, "vk_trials": args.vk_trials, "pairs": args.pairs,
+                    "cpu_text_threads": args.cpu_threads,
+                    "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
+    if "vulkan" not in skip:
+        result["vulkan_text"] = run_vulkan_child(args)
+    if "cpu" not in skip:
+        result["cpu_text"] = cpu_text(args)
+    if "speech" not in skip:
+        result["speech_residue"] = speech_residue(args)
+    if "overhead" not in skip:
+        result["overhead"] = overhead(args)
+    result["wall_s"] = round(time.time() - t0, 1)
+    result["loadavg_end"] = os.getloadavg()
+    result["table"] = table(result)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2, default=float) + "\n")
+    print("\n".join(result["table"]))
+
+
+if __name__ == "__main__":
+    main()
