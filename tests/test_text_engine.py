@@ -131,14 +131,14 @@ def test_small_vocabulary_yielding_more_tokens_than_bytes_tokenizes(tmp_path, mo
     """A vocabulary without the SentencePiece space piece spells each space with three
     byte tokens (byte fallback for U+2581), so a text of spaced letters yields about
     twice as many tokens as it has bytes; the first llama_tokenize call asks for more room."""
-    from cancelbench.datasets import fixtures
+    from cancelbench.datasets import fixtures, text_recipes
     from cancelbench.device_agents.engines import llama_runtime as rt
 
     tokens, scores, types = fixtures.fixture_vocab()
     keep = [i for i, t in enumerate(tokens) if i < 259 or (len(t) == 1 and t != "\u2581")]  # no space piece
     small = ([tokens[i] for i in keep], [scores[i] for i in keep], [types[i] for i in keep])
     assert "\u2581" not in small[0] and len(small[0]) < len(tokens)
-    monkeypatch.setattr(fixtures, "fixture_vocab", lambda: small)
+    monkeypatch.setattr(text_recipes, "fixture_vocab", lambda: small)  # where the writer looks it up
     spec = fixtures.TextFixtureSpec("tiny-small-vocab", "llama", n_embd=64, n_layer=1, n_head=4, n_head_kv=2,
                                     n_ff=128, n_ctx_train=512, seed=11)
     model = fixtures.write_text_fixture(spec, tmp_path)
