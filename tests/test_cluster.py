@@ -156,7 +156,8 @@ def test_phase_plan_aims_at_every_phase(ray_cluster, tmp_path):
                     reason="installed llama-cpp-python has no Vulkan backend (make test builds it on Linux/apt)")
 def test_sweep_across_cpu_and_vulkan_agents(ray_cluster, tmp_path):
     assert HAVE_VULKAN, "CANCELBENCH_REQUIRE_VULKAN=1 but the installed llama-cpp-python has no Vulkan backend"
-    cfg = config(workloads=(CPU_TEXT, VK_TEXT), mechanisms=("abort_callback", "chunked"), trials_per_cell=3,
+    cfg = config(workloads=(CPU_TEXT, VK_TEXT), mechanisms=("abort_callback", "chunked", "graph_eval"),
+                 trials_per_cell=3,
                  devices=DeviceSelector(backends=("cpu", "vulkan"), hosts=("vulkan-host",)),
                  offsets=OffsetSpec(plan="phase", min_per_phase=3))
     run_sweep(cfg, tmp_path / "cv", progress=False)
@@ -171,6 +172,13 @@ def test_sweep_across_cpu_and_vulkan_agents(ray_cluster, tmp_path):
     assert len(vk_abort) > 0, "no Vulkan abort_callback cancel was received during prefill"
     # Vulkan: the callback is not honoured inside the device graph, the decode runs out.
     assert (vk_abort.decode_rc != 2).all()
+    # graph_eval stops a Vulkan decode in flight: the eval reader, asked between node
+    # ranges on the device, saw the cancel inside llama_decode.
+    vk_graph = c[(c.backend == "vulkan") & (c.mechanism == "graph_eval") & (c.native_call_at_receipt == "llama_decode")]
+    assert len(vk_graph) > 0, "no Vulkan graph_eval cancel was received during a decode"
+    assert vk_graph.t_native_observed_ns.notna().any()
+    seen = vk_graph.dropna(subset=["t_native_observed_ns"])
+    assert (seen.t_native_observed_ns >= seen.t_received_ns).all()
     assert set(c.backend) == {"cpu", "vulkan"}  # cancels honoured on both backends
 
 
