@@ -23,6 +23,30 @@ class EngineInputError(ValueError):
     """Bad input for an engine (empty text, wrong sample rate, missing model...)."""
 
 
+@dataclass(frozen=True)
+class LlamaSettings:
+    """The llama.cpp settings every speech engine takes from its workload."""
+
+    n_threads: int
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    chunk_tokens: int
+    n_gpu_layers: int
+
+    @classmethod
+    def from_workload(cls, workload: dict, *, n_batch: int, chunk_tokens: int, n_ctx: int = 2048) -> LlamaSettings:
+        """Workload values over the engine's defaults; sizes must be >= 1."""
+        n_batch = int(workload.get("n_batch", n_batch))
+        s = cls(n_threads=int(workload.get("n_threads", 2)), n_ctx=int(workload.get("n_ctx", n_ctx)),
+                n_batch=n_batch, n_ubatch=int(workload.get("n_ubatch", n_batch)),
+                chunk_tokens=int(workload.get("chunk_tokens", chunk_tokens)),
+                n_gpu_layers=int(workload.get("n_gpu_layers", 0)))
+        if min(s.n_batch, s.n_ubatch, s.chunk_tokens) < 1:
+            raise EngineInputError("n_batch, n_ubatch and chunk_tokens must be >= 1")
+        return s
+
+
 class Cancelled(Exception):
     """Raised inside a trial once the engine has honoured the cancel: the trial
     unwinds to its terminal state from wherever it was."""

@@ -29,7 +29,7 @@ that arm them — inside them:
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import llama_cpp
@@ -39,8 +39,8 @@ from cancelbench import native
 
 from . import llama_runtime as rt
 from . import mtmd_ext as X
-from .base import (Cancelled, CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, release,
-                   sha256_of)
+from .base import (Cancelled, CancelControl, EngineInputError, EngineResult, LlamaSettings, PhaseClock,
+                   finish_trial, release, sha256_of)
 from .registry import ENGINES, UnknownEngine, check_mechanism
 
 N_POS_MROPE = 4
@@ -67,17 +67,13 @@ class SttEngine:
 
     def __init__(self, workload: dict) -> None:
         self.workload = workload
-        self.n_threads = int(workload.get("n_threads", 2))
-        self.n_ctx = int(workload.get("n_ctx", 2048))
-        self.n_batch = int(workload.get("n_batch", 256))
-        self.n_ubatch = int(workload.get("n_ubatch", self.n_batch))
-        self.chunk_tokens = int(workload.get("chunk_tokens", 16))
+        # n_threads, n_ctx, n_batch, n_ubatch, chunk_tokens, n_gpu_layers as attributes
+        vars(self).update(asdict(LlamaSettings.from_workload(workload, n_batch=256, chunk_tokens=16)))
         self.max_tokens = int(workload.get("max_tokens", 16))
-        self.n_gpu_layers = int(workload.get("n_gpu_layers", 0))
         self.system_prompt = str(workload.get("system_prompt", ""))
         self.graph_slice_us = rt.graph_slice_us(workload)  # graph_eval: eval-reader slice
-        if min(self.n_batch, self.n_ubatch, self.chunk_tokens, self.max_tokens) < 1:
-            raise EngineInputError("n_batch, n_ubatch, chunk_tokens and max_tokens must be >= 1")
+        if self.max_tokens < 1:
+            raise EngineInputError("max_tokens must be >= 1")
 
         model_path = rt.check_gguf(Path(workload["model"]), "model")
         mmproj = X.check_mmproj(workload.get("mmproj"), modality="audio", expected="qwen3a", engine="stt")

@@ -40,7 +40,7 @@ duration.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +52,8 @@ from cancelbench import native
 
 from . import llama_runtime as rt
 from . import mtmd_ext as X
-from .base import (Cancelled, CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, release,
-                   sha256_of)
+from .base import (Cancelled, CancelControl, EngineInputError, EngineResult, LlamaSettings, PhaseClock,
+                   finish_trial, release, sha256_of)
 from .registry import ENGINES, UnknownEngine, check_mechanism
 
 WINDOW_FRAMES = 72           # mtmd-helper-gen.cpp qwen3tts window_frames (== clip wav_tfm_swa)
@@ -85,20 +85,16 @@ class TtsEngine:
 
     def __init__(self, workload: dict) -> None:
         self.workload = workload
-        self.n_threads = int(workload.get("n_threads", 2))
-        self.n_ctx = int(workload.get("n_ctx", 2048))
-        self.n_batch = int(workload.get("n_batch", 32))
-        self.n_ubatch = int(workload.get("n_ubatch", self.n_batch))
-        self.chunk_tokens = int(workload.get("chunk_tokens", 4))
+        # n_threads, n_ctx, n_batch, n_ubatch, chunk_tokens, n_gpu_layers as attributes
+        vars(self).update(asdict(LlamaSettings.from_workload(workload, n_batch=32, chunk_tokens=4)))
         self.max_frames = int(workload.get("max_frames", workload.get("max_tokens", 96)))
-        self.n_gpu_layers = int(workload.get("n_gpu_layers", 0))
         self.top_k = int(workload.get("top_k", 50))
         self.temp = float(workload.get("temp", 0.9))
         self.lang = str(workload.get("lang", "en"))
         self.default_seed = int(workload.get("seed", 1234))
         self.graph_slice_us = rt.graph_slice_us(workload)  # graph_eval: eval-reader slice
-        if min(self.n_batch, self.n_ubatch, self.chunk_tokens, self.max_frames) < 1:
-            raise EngineInputError("n_batch, n_ubatch, chunk_tokens and max_frames must be >= 1")
+        if self.max_frames < 1:
+            raise EngineInputError("max_frames must be >= 1")
 
         model_path = rt.check_gguf(Path(workload["model"]), "model")
         mmproj = X.check_mmproj(workload.get("mmproj"), modality="gen_audio", expected="qwen3tts_gen",
