@@ -23,7 +23,9 @@ Device ids are ``<backend>:<index>``:
 
 This module imports only the standard library, so it can also run as a script
 (``python device_agents/ggml_devices.py`` prints the probe as JSON); the
-subprocess probe in ``backends.py`` runs it that way. Device ids, per-device
+subprocess probe in ``backends.py`` runs it that way. That is also why it
+stays one file of a little over 400 lines: a script run by path cannot
+import siblings. Device ids, per-device
 environments and the subprocess probe live in ``backends.py``.
 """
 
