@@ -38,6 +38,7 @@ import llama_cpp
 from llama_cpp import mtmd_cpp as M
 
 from cancelbench import native
+from cancelbench.device_agents import model_check
 
 from . import llama_runtime as rt
 from .base import CancelControl, EngineInputError
@@ -153,28 +154,21 @@ def read_gguf_tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
 def projector_types(mmproj: Path) -> dict[str, str | None]:
     """{"audio": ..., "gen_audio": ..., "vision": ...} projector types of an mmproj."""
-    kv = read_gguf_kv(mmproj)
-    legacy = kv.get("clip.projector_type")
-    return {
-        "audio": kv.get("clip.audio.projector_type", legacy) if kv.get("clip.has_audio_encoder") else None,
-        "gen_audio": kv.get("clip.gen.audio.projector_type") if kv.get("clip.has_gen_audio_encoder") else None,
-        "vision": kv.get("clip.vision.projector_type", legacy) if kv.get("clip.has_vision_encoder") else None,
-    }
+    return model_check.projector_types(read_gguf_kv(mmproj))
 
 
-def check_mmproj(mmproj: Path | None, *, modality: str, expected: str, engine: str) -> Path:
-    """Clear errors for a missing mmproj or one with the wrong projector type."""
+def check_mmproj(mmproj: Path | None, *, engine: str) -> Path:
+    """Clear errors for a missing mmproj or one that does not fit ``engine``
+    (the same rule the driver and the agent apply: model_check)."""
     if not mmproj:
         raise EngineInputError(f"the {engine} engine needs an mmproj (workload key 'mmproj')")
     path = Path(mmproj)
     if not path.is_file():
         raise EngineInputError(f"mmproj file not found: {path}")
-    types = projector_types(path)
-    got = types.get(modality)
-    if got != expected:
-        have = ", ".join(f"{k}={v}" for k, v in types.items() if v) or "none"
-        raise EngineInputError(f"mmproj {path.name} has no '{expected}' {modality.replace('_', '-')} projector "
-                               f"(it has: {have}); the {engine} engine needs a {expected} mmproj")
+    try:
+        model_check.check_model(path, engine, "mmproj")
+    except model_check.ModelMismatchError as exc:
+        raise EngineInputError(str(exc)) from None
     return path
 
 

@@ -76,7 +76,7 @@ class SttEngine:
             raise EngineInputError("max_tokens must be >= 1")
 
         model_path = rt.check_gguf(Path(workload["model"]), "model")
-        mmproj = X.check_mmproj(workload.get("mmproj"), modality="audio", expected="qwen3a", engine="stt")
+        mmproj = X.check_mmproj(workload.get("mmproj"), engine="stt")
         self.mmproj_path = mmproj
 
         rt.quiet_logs()

@@ -97,8 +97,7 @@ class TtsEngine:
             raise EngineInputError("max_frames must be >= 1")
 
         model_path = rt.check_gguf(Path(workload["model"]), "model")
-        mmproj = X.check_mmproj(workload.get("mmproj"), modality="gen_audio", expected="qwen3tts_gen",
-                                engine="tts")
+        mmproj = X.check_mmproj(workload.get("mmproj"), engine="tts")
         self.mmproj_path = mmproj
         self.samples_per_frame = self._samples_per_frame(mmproj)
 
@@ -186,10 +185,8 @@ class TtsEngine:
 
     def prompt_tokens(self, text: str) -> int:
         """Length of the talker prompt set_input builds (n_ids + 2, see mtmd-helper-gen.cpp)."""
-        full = ("<|im_start|>assistant\n" + text + "<|im_end|>\n<|im_start|>assistant\n").encode()
-        buf = (llama_cpp.llama_token * (len(full) + 16))()
-        n = llama_cpp.llama_tokenize(self.vocab, full, len(full), buf, len(buf), False, True)
-        return max(0, n) + 2
+        full = "<|im_start|>assistant\n" + text + "<|im_end|>\n<|im_start|>assistant\n"
+        return len(rt.tokenize(self.vocab, full, add_special=False, parse_special=True)) + 2
 
     # ------------------------------------------------------------------ the trial
 
