@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_speech as BS  # noqa: E402  (the speech benchmark's helpers, shared)
 
+from cancelbench.request import TrialRequest
 from cancelbench import native  # noqa: E402
 from cancelbench.datasets import field  # noqa: E402
 from cancelbench.datasets import speech_fixtures as SF  # noqa: E402
@@ -74,7 +75,7 @@ def tts_reference(engine: TtsEngine, mech: str, refs: int) -> dict:
     runs, polls, native_ms = [], [], []
     for _ in range(refs):
         ctl = BS._ctl()
-        r = engine.run({"input": TTS_TEXT, "mechanism": mech, "seed": 11}, ctl)
+        r = engine.run(TrialRequest(input=TTS_TEXT, mechanism=mech), ctl)
         assert r.outcome == "completed", r.outcome
         runs.append(r)
         if mech == "graph_eval":
@@ -139,11 +140,11 @@ def run_engine(kind: str, engine, mechs: list[str], args, rng: random.Random) ->
     clip = str(SF.audio_clip("speech-medium"))
     if kind == "tts":
         def trial(ctl, m):
-            return engine.run({"input": TTS_TEXT, "mechanism": m, "seed": 11}, ctl)
+            return engine.run(TrialRequest(input=TTS_TEXT, mechanism=m), ctl)
         targets = tts_targets()
     else:
         def trial(ctl, m):
-            return engine.run({"input": clip, "mechanism": m}, ctl)
+            return engine.run(TrialRequest(input=clip, mechanism=m), ctl)
         targets = BS.STT_TARGETS
     out = {"describe": engine.describe(), "mechanisms": {}}
     for mech in mechs:

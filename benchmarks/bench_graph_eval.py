@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_speech import (STT_TARGETS, TTS_TARGETS, TTS_TEXT, _ctl, cancel_at, cancel_trials,  # noqa: E402
                           stt_reference, tts_reference)
 
+from cancelbench.request import TrialRequest
 from cancelbench import native  # noqa: E402
 from cancelbench.datasets import speech_fixtures as SF  # noqa: E402
 from cancelbench.datasets.fixtures import ensure_text_fixture  # noqa: E402
@@ -56,7 +57,7 @@ def dist(values) -> dict:
 
 def text_trial(eng: TextEngine, mech: str, ctl=None):
     ctl = ctl or _ctl()
-    return eng.run({"input": PROMPT, "mechanism": mech, "seed": 1}, ctl), ctl
+    return eng.run(TrialRequest(input=PROMPT, mechanism=mech), ctl), ctl
 
 
 def largest_node_ms(eng: TextEngine) -> float:
@@ -168,7 +169,7 @@ def speech_engines() -> dict:
     return {
         "tts": (TtsEngine, {"model": str(paths["tts"]["model"]), "mmproj": str(paths["tts"]["mmproj"]),
                             "n_threads": 1, "n_batch": 16, "max_frames": WINDOW_FRAMES + 8},
-                {"input": TTS_TEXT, "seed": 11}),
+                {"input": TTS_TEXT}),
         "stt": (SttEngine, {"model": str(paths["asr"]["model"]), "mmproj": str(paths["asr"]["mmproj"]),
                             "n_threads": 1, "max_tokens": 12}, {"input": clip}),
     }
@@ -186,10 +187,10 @@ def speech_residue(args) -> dict:
                 {"encode": STT_TARGETS["encode"]}
             ref = (tts_reference(eng, "graph_eval", 2) if name == "tts"
                    else stt_reference(eng, "graph_eval", 2, trial["input"]))
-            cells = cancel_trials(lambda ctl: eng.run({**trial, "mechanism": "graph_eval"}, ctl), targets, ref,
+            cells = cancel_trials(lambda ctl: eng.run(TrialRequest(**trial, mechanism="graph_eval"), ctl), targets, ref,
                                   args.trials, rng)
             eng.graph_slice_us = 0
-            eng.run({**trial, "mechanism": "graph_eval"}, _ctl())
+            eng.run(TrialRequest(**trial, mechanism="graph_eval"), _ctl())
             node_ms = eng.graph_token.max_range_ns / 1e6
             for cell in cells.values():
                 cell.update(within_bound(cell, DEFAULT, node_ms), slice_us=DEFAULT)
@@ -214,7 +215,7 @@ def overhead(args) -> dict:
             token.reset()
             ctl = CancelControl(token, Progress())
             cpu0 = time.process_time_ns()
-            r = eng.run({**trial, "mechanism": mech}, ctl)
+            r = eng.run(TrialRequest(**trial, mechanism=mech), ctl)
             cpu = (time.process_time_ns() - cpu0) / 1e6
             assert r.outcome == "completed", (name, mech, r.outcome)
             return (r.t_terminal_ns - r.t_start_ns) / 1e6, cpu, ctl.token.syncs

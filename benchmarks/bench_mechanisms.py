@@ -32,6 +32,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 import numpy as np
 
+from cancelbench.request import TrialRequest
 from cancelbench.reports.stats import percentile
 
 from cancelbench import native
@@ -66,7 +67,7 @@ def cancel_at(ctl: CancelControl, t0_ns: int, offset_ms: float) -> threading.Thr
 def engine_trial(engine: TextEngine, mechanism: str, offset_ms: float) -> tuple[float | None, str]:
     ctl = CancelControl(native.CancelToken(), Progress())
     th = cancel_at(ctl, native.now_ns(), offset_ms)
-    res = engine.run({"input": PROMPT, "mechanism": mechanism}, ctl)
+    res = engine.run(TrialRequest(input=PROMPT, mechanism=mechanism), ctl)
     th.join()
     if res.outcome != "cancelled" or ctl.received_ns is None:
         return None, "completed"
@@ -131,8 +132,8 @@ def harness_overhead(model: str, n: int) -> dict:
     ratios, walls = [], []
     for i in range(n):
         t0 = time.monotonic_ns()
-        row = ray.get(agent.run_trial.remote({"trial_id": f"oh{i}", "input": PROMPT, "mechanism": "between_calls",
-                                              "delivery": "none"}))
+        row = ray.get(agent.run_trial.remote(TrialRequest(trial_id=f"oh{i}", input=PROMPT,
+                                                           mechanism="between_calls")))
         wall = (time.monotonic_ns() - t0) / 1e6
         dur = (row.t_terminal_ns - row.t_handback_ns) / 1e6
         walls.append(wall)
@@ -154,7 +155,7 @@ def main() -> int:
     refs = []
     for _ in range(3):
         ctl = CancelControl(native.CancelToken(), Progress())
-        r = engine.run({"input": PROMPT, "mechanism": "between_calls"}, ctl)
+        r = engine.run(TrialRequest(input=PROMPT, mechanism="between_calls"), ctl)
         refs.append(r.phase_durations_ms["prefill"])
     prefill_ms = float(np.median(refs))
     offsets = np.random.default_rng(2026).uniform(0.1, 0.85, args.trials) * prefill_ms

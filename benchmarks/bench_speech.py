@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cancelbench.request import TrialRequest
 from cancelbench import native  # noqa: E402
 from cancelbench.datasets import speech_fixtures as SF  # noqa: E402
 from cancelbench.device_agents.engines.base import CancelControl, Progress  # noqa: E402
@@ -76,7 +77,7 @@ def tts_reference(engine: TtsEngine, mech: str, refs: int) -> dict:
     runs, polls, native_ms = [], [], []
     for _ in range(refs):
         ctl = _ctl()
-        r = engine.run({"input": TTS_TEXT, "mechanism": mech, "seed": 11}, ctl)
+        r = engine.run(TrialRequest(input=TTS_TEXT, mechanism=mech), ctl)
         assert r.outcome == "completed"
         runs.append(r)
         if mech == "graph_eval":
@@ -96,7 +97,7 @@ def stt_reference(engine: SttEngine, mech: str, refs: int, clip: str) -> dict:
     runs, polls, native_ms = [], [], []
     for _ in range(refs):
         ctl = _ctl()
-        r = engine.run({"input": clip, "mechanism": mech}, ctl)
+        r = engine.run(TrialRequest(input=clip, mechanism=mech), ctl)
         assert r.outcome == "completed"
         runs.append(r)
         if mech == "graph_eval":
@@ -325,7 +326,7 @@ def main() -> None:
         out = {"describe": eng.describe(), "mechanisms": {}}
         for mech in mechs:
             ref = tts_reference(eng, mech, args.refs)
-            cells = cancel_trials(lambda ctl, m=mech: eng.run({"input": TTS_TEXT, "mechanism": m, "seed": 11}, ctl),
+            cells = cancel_trials(lambda ctl, m=mech: eng.run(TrialRequest(input=TTS_TEXT, mechanism=m), ctl),
                                   TTS_TARGETS, ref, args.trials, rng)
             out["mechanisms"][mech] = {"reference": ref, "phases": cells}
             print(f"tts {mech}: {json.dumps(summary_line(cells))}", file=sys.stderr)
@@ -339,7 +340,7 @@ def main() -> None:
         out = {"describe": eng.describe(), "input": Path(clip).name, "mechanisms": {}}
         for mech in mechs:
             ref = stt_reference(eng, mech, args.refs, clip)
-            cells = cancel_trials(lambda ctl, m=mech: eng.run({"input": clip, "mechanism": m}, ctl),
+            cells = cancel_trials(lambda ctl, m=mech: eng.run(TrialRequest(input=clip, mechanism=m), ctl),
                                   STT_TARGETS, ref, args.trials, rng)
             out["mechanisms"][mech] = {"reference": ref, "phases": cells}
             print(f"stt {mech}: {json.dumps(summary_line(cells))}", file=sys.stderr)

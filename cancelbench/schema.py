@@ -1,5 +1,20 @@
 """The trial record: one flat row per trial (llama-bench style), versioned.
 
+Columns come in groups (``GROUPS``: identity, host, settings, plan, receipt,
+timestamps, derived, result, partition), each tagged with who fills it; the
+driver's half and the agent's half are checked against those tags and merged
+once (``merge``), and ``finalize`` classifies and derives.
+
+Offsets
+-------
+Every offset is measured from one origin for both deliveries: the agent's
+hand-back ``t_handback_ns`` (run_trial entered on the agent). ``agent``
+delivery fires from a timer on the agent at hand-back + offset; ``driver``
+delivery waits for the hand-back event to reach the driver
+(``t_anchor_seen_ns``), then fires at the same instant converted to the
+driver clock (or at once, if that instant has passed: ``schedule_lag_ms``
+shows it).
+
 Clock domains
 -------------
 * ``t_*_ns`` columns are on the **agent's monotonic clock** (``native.now_ns``,
@@ -22,109 +37,168 @@ import dataclasses
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: every setting that shapes a trial is a column; readers accept 1 (new columns null)
 
 # Partition columns of the hive-partitioned dataset (values sanitized for paths).
 PARTITION_COLUMNS = ("backend", "host")
 
-# What an engine reports, then what the record says after classification.
-ENGINE_OUTCOMES = ("cancelled", "completed", "error")
-OUTCOMES = ("cancelled", "completed", "dropped", "error", "lost", "not_run")
+# What a record's outcome can be (not_run trials are listed in the manifest, never written as rows).
+OUTCOMES = ("cancelled", "completed", "dropped", "error", "lost")
+# Outcomes that are defects of the system under test or of the harness (report verdict FAIL).
+DEFECT_OUTCOMES = ("dropped", "lost")
 DELIVERIES = ("driver", "agent")
+# delivery / offset_plan of a reference (uncancelled) run: no cancel, so neither applies.
+NOT_APPLICABLE = "none"
 
-_FIELDS: list[tuple[str, pa.DataType, str]] = [
-    # identity
-    ("schema_version", pa.int32(), "record schema version (this file's SCHEMA_VERSION)"),
-    ("sweep_id", pa.string(), "sweep identifier (one per `cancelbench sweep` dataset)"),
-    ("trial_id", pa.string(), "unique trial id within the sweep (stable across resume)"),
-    ("trial_index", pa.int64(), "position in the pre-generated plan"),
-    ("trial_kind", pa.string(), "reference (uncancelled) | cancel"),
-    ("seed", pa.int64(), "sweep seed"),
-    ("input_seed", pa.int64(), "seed that chose this trial's input"),
-    ("offset_seed", pa.int64(), "seed that drew this trial's offset"),
-    # where it ran (metadata collected once per agent, carried on every row)
-    ("hostname", pa.string(), "host name as reported by the agent (unsanitized)"),
-    ("node_id", pa.string(), "Ray node id"),
-    ("device", pa.string(), "device id on that host, e.g. cpu:0, vulkan:0"),
-    ("device_name", pa.string(), "device name from the backend probe"),
-    ("platform", pa.string(), "os of the agent host (linux, darwin, ...)"),
-    ("arch", pa.string(), "machine architecture"),
-    ("cpu_model", pa.string(), "cpu model string"),
-    ("n_threads", pa.int32(), "llama.cpp threads"),
-    ("llama_cpp_python_version", pa.string(), "llama-cpp-python version"),
-    ("llama_cpp_build", pa.string(), "llama.cpp build commit/number"),
-    ("cancelbench_version", pa.string(), "cancelbench version"),
-    # workload and engine settings
-    ("workload", pa.string(), "workload name from the sweep config"),
-    ("engine", pa.string(), "text | tts | stt | probe"),
-    ("model", pa.string(), "model file name"),
-    ("model_sha256", pa.string(), "sha256 of the model file (from its lock)"),
-    ("n_ctx", pa.int32(), "context size"),
-    ("n_batch", pa.int32(), "llama n_batch"),
-    ("n_ubatch", pa.int32(), "llama n_ubatch"),
-    ("chunk_tokens", pa.int32(), "prefill chunk size for the chunked mechanism"),
-    ("max_tokens", pa.int32(), "generation cap (tokens or frames)"),
-    ("n_gpu_layers", pa.int32(), "layers offloaded to the device"),
-    ("input_id", pa.string(), "id of the prompt/clip from datasets/"),
-    ("n_input_tokens", pa.int32(), "prompt tokens after tokenization"),
-    # the cancel
-    ("mechanism", pa.string(), "between_calls | abort_callback | chunked | graph_eval"),
-    ("delivery", pa.string(), "driver (actor call from the driver) | agent (agent-side timer)"),
-    ("offset_plan", pa.string(), "immediate | uniform | fixed | phase"),
-    ("offset_fraction", pa.float64(), "planned offset as a fraction of the reference duration (uniform/phase)"),
-    ("target_phase", pa.string(), "phase the offset aims at (phase plan)"),
-    ("offset_target_ms", pa.float64(), "planned offset from hand-back, ms"),
-    ("offset_actual_ms", pa.float64(), "t_issued_ns - t_handback_ns, ms"),
-    # state at receipt
-    ("phase_at_receipt", pa.string(), "engine phase when the cancel was received"),
-    ("native_call_at_receipt", pa.string(), "native call in flight at receipt, or null"),
-    ("input_tokens_done_at_receipt", pa.int64(), "prompt tokens decoded at receipt"),
-    ("tokens_generated_at_receipt", pa.int64(), "tokens generated at receipt"),
-    ("frames_generated_at_receipt", pa.int64(), "audio frames generated at receipt (tts)"),
-    ("heavy_graph_at_receipt", pa.string(), "code2wav window / clip encode in flight at receipt (speech), else null"),
-    ("phase_at_terminal", pa.string(), "phase in which the engine stopped"),
-    # timestamps, agent monotonic ns
-    ("t_handback_ns", pa.int64(), "agent: run_trial entered (the task is handed back to the caller)"),
-    ("t_start_ns", pa.int64(), "agent: first native call started"),
-    ("t_cancel_scheduled_ns", pa.int64(), "agent clock: when the cancel was scheduled to be issued"),
-    ("t_issued_ns", pa.int64(), "agent clock: when the cancel was issued (driver time converted)"),
-    ("t_issued_driver_ns", pa.int64(), "driver clock: raw issue time (driver delivery)"),
-    ("t_received_ns", pa.int64(), "agent: cancel() entered on the agent"),
-    ("t_native_observed_ns", pa.int64(), "agent: first native reader saw the token (abort mechanisms), else null"),
-    ("t_native_returned_ns", pa.int64(), "agent: the native call in flight at receipt returned"),
-    ("t_terminal_ns", pa.int64(), "agent: engine reached its terminal state"),
-    ("clock_offset_ns", pa.int64(), "agent clock minus driver clock (ping estimate)"),
-    ("clock_uncertainty_ns", pa.int64(), "bound on the conversion error (half the min ping RTT)"),
-    # derived (ms), all from the timestamps above
-    ("schedule_lag_ms", pa.float64(), "t_issued - t_cancel_scheduled"),
-    ("deliver_ms", pa.float64(), "t_received - t_issued"),
-    ("observe_ms", pa.float64(), "t_native_observed - t_received"),
-    ("return_ms", pa.float64(), "t_native_returned - max(t_received, t_native_observed)"),
-    ("settle_ms", pa.float64(), "t_terminal - t_native_returned"),
-    ("latency_ms", pa.float64(), "t_terminal - t_received"),
-    ("end_to_end_ms", pa.float64(), "t_terminal - t_issued"),
-    ("duration_ms", pa.float64(), "t_terminal - t_handback"),
-    ("reference_ms", pa.float64(), "median uncancelled duration for this device/workload/mechanism"),
-    ("cost_ratio", pa.float64(), "latency_ms / reference_ms"),
-    # result
-    ("outcome", pa.string(), "cancelled | completed | dropped | error | lost | not_run"),
-    ("decode_rc", pa.int32(), "return code of the last native call (llama_decode 2 = aborted)"),
-    ("abort_polls", pa.int64(), "native reader polls during the trial"),
-    ("output_sha256", pa.string(), "sha256 of the produced output (tokens/audio/text) for reuse checks"),
-    ("known_answer_error_ms", pa.float64(), "probe engine: t_native_returned - the first probe check after the token was set"),
-    ("phase_durations_json", pa.string(), "reference runs: per-phase durations, JSON {phase: ms}"),
-    ("phase_timeline_json", pa.string(), "reference runs: [[phase, start_ms, end_ms], ...] from t_start"),
-    ("error", pa.string(), "error message (outcome error/lost/not_run)"),
-    # partition columns (sanitized; stored in directory names)
-    ("backend", pa.string(), "cpu | vulkan | metal | cuda"),
-    ("host", pa.string(), "sanitized host name used as the partition path part"),
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    group: str  # one of GROUPS: what the column is about
+    doc: str
+    owner: str  # who fills it: driver | agent | either | derived
+
+
+# Column groups, in record order, with who fills them by default. The record is
+# assembled from these groups (``build_record``): the driver's request gives
+# identity, settings and plan; the agent returns host, receipt, timestamps and
+# result; ``finalize`` derives the rest.
+GROUPS = {
+    "identity": "driver",    # which trial of which sweep
+    "host": "agent",         # where it ran (collected once per agent, carried on every row)
+    "settings": "driver",    # every setting that shapes a trial: diff compares only equal settings
+    "plan": "driver",        # the cancel that was planned
+    "receipt": "agent",      # engine state when the cancel was received
+    "timestamps": "agent",   # agent monotonic ns unless the doc says otherwise
+    "derived": "derived",    # *_ms from the timestamps (``derive``)
+    "result": "agent",       # what the engine did
+    "partition": "either",   # directory names (sanitized)
+}
+
+_I32, _I64, _F64, _STR = pa.int32(), pa.int64(), pa.float64(), pa.string()
+
+# (name, type, group, doc[, owner override])
+_FIELDS: list[tuple] = [
+    ("schema_version", _I32, "identity", "record schema version (this file's SCHEMA_VERSION)"),
+    ("sweep_id", _STR, "identity", "sweep identifier (one per `cancelbench sweep` dataset)"),
+    ("trial_id", _STR, "identity", "unique trial id within the sweep (stable across resume)", "either"),
+    ("trial_index", _I64, "identity", "position in the pre-generated plan"),
+    ("trial_kind", _STR, "identity", "reference (uncancelled) | cancel"),
+    ("seed", _I64, "identity", "sweep seed"),
+    ("input_seed", _I64, "identity", "seed that chose this trial's input"),
+    ("offset_seed", _I64, "identity", "seed that drew this trial's offset"),
+    ("hostname", _STR, "host", "host name as reported by the agent (unsanitized)"),
+    ("node_id", _STR, "host", "Ray node id"),
+    ("device", _STR, "host", "device id on that host, e.g. cpu:0, vulkan:0", "either"),
+    ("device_name", _STR, "host", "device name from the backend probe"),
+    ("platform", _STR, "host", "os of the agent host (linux, darwin, ...)"),
+    ("arch", _STR, "host", "machine architecture"),
+    ("cpu_model", _STR, "host", "cpu model string"),
+    ("llama_cpp_python_version", _STR, "host", "llama-cpp-python version"),
+    ("llama_cpp_build", _STR, "host", "llama.cpp build commit/number"),
+    ("cancelbench_version", _STR, "host", "cancelbench version"),
+    ("workload", _STR, "settings", "workload name from the sweep config"),
+    ("engine", _STR, "settings", "text | tts | stt | probe"),
+    ("model", _STR, "settings", "model file name"),
+    ("model_sha256", _STR, "settings", "sha256 of the model file (verified against its lock on the agent)", "either"),
+    ("mmproj", _STR, "settings", "multimodal projector file name (tts/stt), else null"),
+    ("corpus", _STR, "settings", "input corpus name (datasets/corpora/<name>.jsonl) or path"),
+    ("n_threads", _I32, "settings", "llama.cpp threads"),
+    ("n_ctx", _I32, "settings", "context size (the engine's effective value)"),
+    ("n_batch", _I32, "settings", "llama n_batch"),
+    ("n_ubatch", _I32, "settings", "llama n_ubatch"),
+    ("chunk_tokens", _I32, "settings", "prefill chunk size for the chunked mechanism"),
+    ("prompt_tokens", _I32, "settings", "text: prompt length asked for (tokens)"),
+    ("max_tokens", _I32, "settings", "generation cap (tokens; tts: frames)"),
+    ("n_gpu_layers", _I32, "settings", "layers offloaded to the device (effective: the device default resolved)"),
+    ("graph_slice_us", _I32, "settings", "graph_eval: eval-reader work per synchronized node range, us (0 = every node)"),
+    ("max_frames", _I32, "settings", "tts: frame cap of one synthesis"),
+    ("temp", _F64, "settings", "tts: sampling temperature"),
+    ("top_k", _I32, "settings", "tts: sampling top-k"),
+    ("sampling_seed", _I64, "settings", "tts: sampler seed"),
+    ("lang", _STR, "settings", "tts/stt: language setting"),
+    ("system_prompt", _STR, "settings", "stt: system prompt"),
+    ("duration_us", _I64, "settings", "probe: busy-loop duration, us"),
+    ("period_us", _I64, "settings", "probe: token check period, us"),
+    ("reference_runs", _I32, "settings", "reference runs per device/workload/mechanism (the reference run is their median)"),
+    ("offset_max_fraction", _F64, "settings", "uniform plan: offsets drawn over [0, this) of the reference duration"),
+    ("offset_min_per_phase", _I32, "settings", "phase plan: cancels aimed at each phase, at least"),
+    ("offset_fixed_ms_json", _STR, "settings", "fixed plan: the offsets list, JSON"),
+    ("input_id", _STR, "plan", "id of the prompt/clip from datasets/"),
+    ("mechanism", _STR, "plan", "between_calls | abort_callback | chunked | graph_eval"),
+    ("delivery", _STR, "plan", "driver (actor call from the driver) | agent (agent-side timer) | none (reference)"),
+    ("offset_plan", _STR, "plan", "immediate | uniform | fixed | phase | none (reference)"),
+    ("offset_fraction", _F64, "plan", "planned offset as a fraction of the reference duration (uniform/phase)"),
+    ("target_phase", _STR, "plan", "phase the offset aims at (phase plan)"),
+    ("offset_target_ms", _F64, "plan", "planned offset from the origin (the agent's hand-back, t_handback_ns), ms"),
+    ("reference_ms", _F64, "plan", "duration of the reference run (plan.reference_run) the offset was resolved on"),
+    ("phase_at_receipt", _STR, "receipt", "engine phase when the cancel was received"),
+    ("native_call_at_receipt", _STR, "receipt", "native call in flight at receipt, or null"),
+    ("input_tokens_done_at_receipt", _I64, "receipt", "prompt tokens decoded at receipt"),
+    ("tokens_generated_at_receipt", _I64, "receipt", "tokens generated at receipt"),
+    ("frames_generated_at_receipt", _I64, "receipt", "audio frames generated at receipt (tts)"),
+    ("heavy_graph_at_receipt", _STR, "receipt", "code2wav window / clip encode in flight at receipt (speech), else null"),
+    ("phase_at_terminal", _STR, "receipt", "phase in which the engine stopped"),
+    ("t_handback_ns", _I64, "timestamps", "agent: run_trial entered (the task is handed back): the origin of every offset"),
+    ("t_start_ns", _I64, "timestamps", "agent: first native call started"),
+    ("t_anchor_seen_ns", _I64, "timestamps",
+     "agent clock: when the driver learned of the hand-back (driver delivery; driver time converted)", "driver"),
+    ("t_cancel_scheduled_ns", _I64, "timestamps", "agent clock: t_handback + offset_target (when the cancel was due)",
+     "either"),
+    ("t_issued_ns", _I64, "timestamps", "agent clock: when the cancel was issued (driver time converted)", "either"),
+    ("t_issued_driver_ns", _I64, "timestamps", "driver clock: raw issue time (driver delivery)", "driver"),
+    ("t_received_ns", _I64, "timestamps", "agent: cancel() entered on the agent"),
+    ("t_native_observed_ns", _I64, "timestamps", "agent: first native reader saw the token (abort mechanisms), else null"),
+    ("t_native_returned_ns", _I64, "timestamps", "agent: the native call in flight at receipt returned"),
+    ("t_terminal_ns", _I64, "timestamps", "agent: engine reached its terminal state"),
+    ("clock_offset_ns", _I64, "timestamps", "agent clock minus driver clock (ping estimate)", "driver"),
+    ("clock_uncertainty_ns", _I64, "timestamps", "bound on the conversion error (half the min ping RTT); 0 for agent delivery",
+     "driver"),
+    ("offset_actual_ms", _F64, "derived", "t_issued - t_handback"),
+    ("anchor_hop_ms", _F64, "derived", "t_anchor_seen - t_handback (driver delivery: the hand-back event's hop to the driver)"),
+    ("schedule_lag_ms", _F64, "derived", "t_issued - t_cancel_scheduled"),
+    ("deliver_ms", _F64, "derived", "t_received - t_issued"),
+    ("observe_ms", _F64, "derived", "t_native_observed - t_received"),
+    ("return_ms", _F64, "derived", "t_native_returned - max(t_received, t_native_observed)"),
+    ("settle_ms", _F64, "derived", "t_terminal - t_native_returned"),
+    ("latency_ms", _F64, "derived", "t_terminal - t_received"),
+    ("end_to_end_ms", _F64, "derived", "t_terminal - t_issued"),
+    ("duration_ms", _F64, "derived", "t_terminal - t_handback"),
+    ("cost_ratio", _F64, "derived", "latency_ms / reference_ms"),
+    ("outcome", _STR, "result", "cancelled | completed | dropped | error | lost (classify_outcome)", "either"),
+    ("decode_rc", _I32, "result", "return code of the last native call (llama_decode 2 = aborted)"),
+    ("abort_polls", _I64, "result", "native reader polls during the trial"),
+    ("n_input_tokens", _I32, "result", "prompt tokens after tokenization"),
+    ("output_sha256", _STR, "result", "sha256 of the produced output (tokens/audio/text) for reuse checks"),
+    ("known_answer_error_ms", _F64, "result", "probe engine: t_native_returned - the first probe check after the token was set"),
+    ("phase_durations_json", _STR, "result", "reference runs: per-phase durations, JSON {phase: ms}"),
+    ("phase_timeline_json", _STR, "result", "reference runs: [[phase, start_ms, end_ms], ...] from t_start"),
+    ("error", _STR, "result", "error message (outcome error/lost)", "either"),
+    ("backend", _STR, "partition", "cpu | vulkan | metal | cuda"),
+    ("host", _STR, "partition", "sanitized host name used as the partition path part"),
 ]
 
+FIELDS: tuple[Column, ...] = tuple(
+    Column(f[0], f[1], f[2], f[3], f[4] if len(f) > 4 else GROUPS[f[2]]) for f in _FIELDS)
+assert all(c.group in GROUPS for c in FIELDS)
+
+
+def columns_of(group: str) -> tuple[str, ...]:
+    """The column names of one group, in record order."""
+    if group not in GROUPS:
+        raise KeyError(f"unknown column group {group!r}")
+    return tuple(c.name for c in FIELDS if c.group == group)
+
+
+# Every setting that shapes a trial: two cells compare only when these agree (``diff``).
+SETTINGS_COLUMNS = columns_of("settings")
+
 RECORD_SCHEMA = pa.schema(
-    [pa.field(name, typ, metadata={"doc": doc}) for name, typ, doc in _FIELDS],
+    [pa.field(c.name, c.type, metadata={"doc": c.doc, "group": c.group}) for c in FIELDS],
     metadata={"cancelbench_schema_version": str(SCHEMA_VERSION)},
 )
-COLUMNS = tuple(name for name, _, _ in _FIELDS)
+COLUMNS = tuple(c.name for c in FIELDS)
 FILE_SCHEMA = pa.schema([f for f in RECORD_SCHEMA if f.name not in PARTITION_COLUMNS],
                         metadata=RECORD_SCHEMA.metadata)
 
@@ -150,35 +224,28 @@ def derive(row: dict) -> dict:
     row["end_to_end_ms"] = _ms(g("t_terminal_ns"), g("t_issued_ns"))
     row["duration_ms"] = _ms(g("t_terminal_ns"), g("t_handback_ns"))
     row["offset_actual_ms"] = _ms(g("t_issued_ns"), g("t_handback_ns"))
+    row["anchor_hop_ms"] = _ms(g("t_anchor_seen_ns"), g("t_handback_ns"))
     ref = g("reference_ms")
     lat = row["latency_ms"]
     row["cost_ratio"] = (lat / ref) if (lat is not None and ref) else None
     return row
 
 
-_PY_TYPES = {pa.int32(): int, pa.int64(): int, pa.float64(): float, pa.string(): str}
+_PY_TYPES = {_I32: int, _I64: int, _F64: float, _STR: str}
 
 # The one typed record, generated from the column list above so the two cannot drift.
 # Every field defaults to None (a null column); unknown names are a TypeError.
 TrialRecord = dataclasses.make_dataclass(
     "TrialRecord",
-    [(name, _PY_TYPES[typ] | None, dataclasses.field(default=None)) for name, typ, _ in _FIELDS],
+    [(c.name, _PY_TYPES[c.type] | None, dataclasses.field(default=None)) for c in FIELDS],
     slots=True,
 )
 TrialRecord.__module__ = __name__  # so Ray can ship agent halves by reference
 TrialRecord.__doc__ = "One trial, one flat row: see the column list in cancelbench.schema."
 
-# The columns the agent fills (its half of the record); the driver fills the rest.
-AGENT_COLUMNS = frozenset({
-    "trial_id", "hostname", "node_id", "device", "device_name", "platform", "arch", "cpu_model", "n_threads",
-    "llama_cpp_python_version", "llama_cpp_build", "cancelbench_version", "backend", "model_sha256",
-    "phase_at_receipt", "native_call_at_receipt", "input_tokens_done_at_receipt", "tokens_generated_at_receipt",
-    "frames_generated_at_receipt", "heavy_graph_at_receipt", "phase_at_terminal",
-    "t_handback_ns", "t_start_ns", "t_cancel_scheduled_ns", "t_issued_ns", "t_received_ns",
-    "t_native_observed_ns", "t_native_returned_ns", "t_terminal_ns",
-    "outcome", "decode_rc", "abort_polls", "output_sha256", "n_input_tokens", "known_answer_error_ms",
-    "phase_durations_json", "phase_timeline_json", "error",
-})
+# The columns the agent fills (its half of the record), from the owner tags above.
+AGENT_COLUMNS = frozenset(c.name for c in FIELDS if c.owner in ("agent", "either"))
+DRIVER_COLUMNS = frozenset(c.name for c in FIELDS if c.owner in ("driver", "either"))
 
 
 def agent_half(**columns) -> TrialRecord:
@@ -186,6 +253,14 @@ def agent_half(**columns) -> TrialRecord:
     foreign = set(columns) - AGENT_COLUMNS
     if foreign:
         raise ValueError(f"not agent columns: {', '.join(sorted(foreign))}")
+    return TrialRecord(**columns)
+
+
+def driver_half(**columns) -> TrialRecord:
+    """The driver's part of a record (identity, settings, plan, clock conversion)."""
+    foreign = set(columns) - DRIVER_COLUMNS
+    if foreign:
+        raise ValueError(f"not driver columns: {', '.join(sorted(foreign))}")
     return TrialRecord(**columns)
 
 
@@ -225,3 +300,16 @@ def finalize(record: TrialRecord) -> dict:
 def empty_row() -> dict:
     """A row with every column null (test and fixture builders start from it)."""
     return as_row(TrialRecord(schema_version=SCHEMA_VERSION))
+
+
+def reference_run(rows) -> dict | None:
+    """The one definition of "the reference run" of a cell (device, workload,
+    mechanism): among its completed reference trials, the lower median by
+    ``duration_ms`` (ties by trial id), a real run whose duration and phase
+    timeline belong together. The planner resolves offsets on it and the
+    offset plot shades its phases."""
+    done = [r for r in rows if r.get("outcome") == "completed" and r.get("duration_ms") is not None]
+    if not done:
+        return None
+    done.sort(key=lambda r: (r["duration_ms"], str(r.get("trial_id"))))
+    return done[(len(done) - 1) // 2]

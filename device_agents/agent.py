@@ -2,12 +2,15 @@
 groups so ``cancel()`` is served while ``run_trial()`` is inside native code.
 
 The class is plain Python (usable without Ray, e.g. in benchmarks); Ray wraps
-it with :func:`remote_agent_class`.
+it with :func:`remote_agent_class`. The driver imports this module only to
+name the actor class: native code and engines are imported where the agent
+runs (``__init__`` and the trial methods), never at module import.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import threading
 import time
@@ -16,11 +19,8 @@ from pathlib import Path
 
 import ray
 
-from cancelbench import native
-from cancelbench.schema import TrialRecord, agent_half
-
-from .engines.base import CancelControl, EngineInputError, Progress
-from .probe import probe_host
+from cancelbench.request import TrialRequest
+from cancelbench.schema import TrialRecord, agent_half, columns_of
 
 CONTROL = "control"
 TRIAL = "trial"
@@ -29,6 +29,8 @@ CONCURRENCY_GROUPS = {TRIAL: 1, CONTROL: 4}
 
 def _sleep_until(deadline_ns: int) -> None:
     """Sleep coarsely, then spin the last millisecond (timer precision matters here)."""
+    from cancelbench import native
+
     while True:
         left = deadline_ns - native.now_ns()
         if left <= 0:
@@ -41,7 +43,10 @@ class DeviceAgent:
     def __init__(self, device_id: str = "cpu:0", device_name: str | None = None, n_threads: int | None = None,
                  node_label: str | None = None) -> None:
         self.device_id = device_id
+        from cancelbench import native
+
         from .engines.llama_runtime import quiet_logs
+        from .probe import probe_host
         quiet_logs()  # before the device probe initialises ggml's backends
         devices = self._probe_devices()
         mine = next((d for d in devices if d.get("device_id") == device_id), None)
@@ -54,7 +59,9 @@ class DeviceAgent:
         self.meta["node_id"] = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         self.token = native.CancelToken()
         self._lock = threading.Lock()
-        self._current: tuple[str, CancelControl] | None = None
+        self._current: tuple[str, object] | None = None  # (trial id, its CancelControl)
+        self._handbacks: dict[str, int] = {}  # trial id -> t_handback_ns, until the driver asked for it
+        self._changed = threading.Condition(self._lock)  # a trial started or finished
         self._latched: dict[str, int] = {}
         self._finished: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._engine = None
@@ -78,7 +85,16 @@ class DeviceAgent:
     @ray.method(concurrency_group=CONTROL)
     def ping(self) -> int:
         """The agent clock, for driver-side offset estimation."""
+        from cancelbench import native
         return native.now_ns()
+
+    @ray.method(concurrency_group=CONTROL)
+    def handback(self, trial_id: str) -> int | None:
+        """The hand-back time of ``trial_id`` (the origin of its offset), once it has
+        been handed back; None if it finished without one (waits until then)."""
+        with self._changed:
+            self._changed.wait_for(lambda: trial_id in self._handbacks or trial_id in self._finished)
+            return self._handbacks.pop(trial_id, None)
 
     @ray.method(concurrency_group=CONTROL)
     def status(self) -> dict:
@@ -91,6 +107,7 @@ class DeviceAgent:
     @ray.method(concurrency_group=CONTROL)
     def cancel(self, trial_id: str) -> dict:
         """Cancel ``trial_id``: set it if running, latch it if not started yet."""
+        from cancelbench import native
         return self._deliver(trial_id, native.now_ns())
 
     def _deliver(self, trial_id: str, received_ns: int) -> dict:
@@ -118,6 +135,8 @@ class DeviceAgent:
             workload["n_gpu_layers"] = 0 if self.device_id.startswith("cpu") else 999
         key = json.dumps(workload, sort_keys=True, default=str)
         if key != self._engine_key:
+            from cancelbench import native
+
             from .engines.registry import engine_spec
             from .models import resolve_models
 
@@ -136,30 +155,37 @@ class DeviceAgent:
         return {**self._engine.describe(), "model_sha256": self._model_sha256}
 
     @ray.method(concurrency_group=TRIAL)
-    def run_trial(self, spec: dict) -> TrialRecord:
-        """Run one trial. ``spec``: trial_id, input, input_id, mechanism, delivery,
-        offset_ms (agent delivery), seed. Returns the agent's half of the record
-        (the driver merges it with its own and classifies the outcome)."""
+    def run_trial(self, request: TrialRequest) -> TrialRecord:
+        """Run one trial. Returns the agent's half of the record (the driver
+        merges it with its own and classifies the outcome)."""
+        from cancelbench import native
+
+        from .engines.base import CancelControl, Progress
+
         t_handback = native.now_ns()
-        trial_id = spec["trial_id"]
-        spec = _resolve_input(spec)
+        trial_id = request.trial_id
         ctl = CancelControl(self.token, Progress())
-        with self._lock:
+        with self._changed:
             self.token.reset()
             self._current = (trial_id, ctl)
+            self._handbacks[trial_id] = t_handback
             latched_ns = self._latched.pop(trial_id, None)
+            self._changed.notify_all()
         if latched_ns is not None:
             ctl.request(latched_ns)
         scheduled: dict = {}
-        timer = self._start_agent_timer(trial_id, t_handback, spec, scheduled)
+        timer = self._start_agent_timer(request, t_handback, scheduled)
         try:
-            columns = self._run_engine(spec, ctl)
+            columns = self._run_engine(request, ctl)
         finally:
-            with self._lock:
+            with self._changed:
                 self._current = None
                 self._finished[trial_id] = native.now_ns()
                 while len(self._finished) > 4096:
                     self._finished.popitem(last=False)
+                while len(self._handbacks) > 4096:  # never asked for (agent delivery, references)
+                    self._handbacks.pop(next(iter(self._handbacks)))
+                self._changed.notify_all()
         if timer is not None:
             timer.join(timeout=0)  # a timer still sleeping fires later into "finished"
         columns.update(scheduled)
@@ -170,29 +196,35 @@ class DeviceAgent:
         return agent_half(trial_id=trial_id, t_handback_ns=t_handback, abort_polls=ctl.token.polls,
                           model_sha256=self._model_sha256, **self._meta_columns(), **columns)
 
-    def _start_agent_timer(self, trial_id: str, t_handback: int, spec: dict, scheduled: dict):
+    def _start_agent_timer(self, request: TrialRequest, t_handback: int, scheduled: dict):
         """Delivery ``agent``: fire the cancel from this process at hand-back + offset."""
-        if spec.get("delivery") != "agent" or spec.get("offset_ms") is None:
+        if not request.agent_timer:
             return None
-        deadline = t_handback + int(float(spec["offset_ms"]) * 1e6)
+        from cancelbench import native
+
+        deadline = t_handback + int(float(request.offset_ms) * 1e6)
         scheduled["t_cancel_scheduled_ns"] = deadline
 
         def fire() -> None:
             _sleep_until(deadline)
             issued = native.now_ns()
             scheduled["t_issued_ns"] = issued
-            self._deliver(trial_id, issued)
+            self._deliver(request.trial_id, issued)
 
-        timer = threading.Thread(target=fire, name=f"cancel-timer-{trial_id}", daemon=True)
+        timer = threading.Thread(target=fire, name=f"cancel-timer-{request.trial_id}", daemon=True)
         timer.start()
         return timer
 
-    def _run_engine(self, spec: dict, ctl: CancelControl) -> dict:
+    def _run_engine(self, request: TrialRequest, ctl) -> dict:
         """The engine's result as record columns; an exception becomes an ``error`` record."""
+        from cancelbench import native
+
+        from .engines.base import EngineInputError
+
         try:
             if self._engine is None:
                 raise EngineInputError("no workload loaded on this agent (call load() first)")
-            result = self._engine.run(spec, ctl)
+            result = self._engine.run(_resolve_input(request), ctl)
         except Exception as exc:  # the record says what failed; the agent stays usable
             error = f"{type(exc).__name__}: {exc}"[:2000]
             if not isinstance(exc, EngineInputError):
@@ -212,9 +244,7 @@ class DeviceAgent:
     def _meta_columns(self) -> dict:
         """Host and build metadata, collected once at start, carried on every record."""
         m = self.meta
-        return {k: m.get(k) for k in ("hostname", "node_id", "device", "device_name", "platform", "arch",
-                                      "cpu_model", "n_threads", "llama_cpp_python_version", "llama_cpp_build",
-                                      "cancelbench_version", "backend")}
+        return {k: m.get(k) for k in columns_of("host") + ("backend",)}
 
     @ray.method(concurrency_group=TRIAL)
     def close(self) -> None:
@@ -223,14 +253,12 @@ class DeviceAgent:
             self._engine = None
 
 
-def _resolve_input(spec: dict) -> dict:
+def _resolve_input(request: TrialRequest) -> TrialRequest:
     """Corpus audio paths are relative to the datasets package on the agent's host."""
-    wav = spec.get("wav")
-    if wav:
+    if request.input.endswith(".wav") and not Path(request.input).is_absolute():
         from cancelbench.datasets.paths import DATASETS_DIR
-        path = Path(wav)
-        spec = {**spec, "input": str(path if path.is_absolute() else DATASETS_DIR / path)}
-    return spec
+        return dataclasses.replace(request, input=str(DATASETS_DIR / request.input))
+    return request
 
 
 def remote_agent_class():

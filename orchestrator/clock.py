@@ -21,6 +21,9 @@ class ClockOffset:
     def to_agent(self, driver_ns: int) -> int:
         return driver_ns + self.offset_ns
 
+    def to_driver(self, agent_ns: int) -> int:
+        return agent_ns - self.offset_ns
+
 
 def driver_now_ns() -> int:
     """The driver clock (monotonic)."""

@@ -7,18 +7,14 @@ written anywhere before the whole config has been validated.
 from __future__ import annotations
 
 import json
-import re
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cancelbench.datasets.paths import DATASETS_DIR
-from cancelbench.device_agents.engines.registry import ENGINES, MECHANISMS
-from cancelbench.schema import DELIVERIES
+from cancelbench.device_agents.engines.registry import BACKENDS, ENGINES, MECHANISM_NAMES
+from cancelbench.schema import DELIVERIES, SETTINGS_COLUMNS
 
 OFFSET_PLANS = ("immediate", "uniform", "fixed", "phase")
-BACKENDS = ("cpu", "vulkan", "metal", "cuda")
-CORPORA_DIR = DATASETS_DIR / "corpora"
 
 # Upper bounds, checked before anything runs (README "Sweep configuration", bounds).
 MAX_SEED = 2**62 - 1  # input/offset seeds derive as 2*seed+1/2: still int64
@@ -59,6 +55,7 @@ class WorkloadSpec:
     extra: dict = field(default_factory=dict)  # engine-specific settings (tts/stt)
 
     def engine_params(self) -> dict:
+        """What the agent's engine is built from (the load payload, without locks)."""
         d = {k: v for k, v in asdict(self).items() if k not in ("extra", "inputs", "lock", "backends")}
         if not d["n_ctx"]:
             d.pop("n_ctx")
@@ -66,6 +63,15 @@ class WorkloadSpec:
             d["n_ubatch"] = d["n_batch"]
         d.update(self.extra)
         return d
+
+    def settings(self) -> dict:
+        """The settings columns the config alone decides; the engine's effective
+        values (``describe()`` on the agent, after load) complete them."""
+        def file_name(spec: str | None) -> str | None:  # "fixture:name" or a path: the name a reader knows
+            return Path(spec.removeprefix("fixture:")).name if spec and self.engine != "probe" else None
+
+        return {"workload": self.name, "engine": self.engine, "corpus": self.inputs,
+                "model": file_name(self.model), "mmproj": file_name(self.mmproj)}
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,30 @@ class SweepConfig:
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(asdict(self), default=list))
+
+    def offset_settings(self, trial_kind: str) -> dict:
+        """The offset plan's parameters as settings columns: only the one the plan uses,
+        so two sweeps differ in a setting only where it shaped their cancels."""
+        off = self.offsets
+        cols = {"reference_runs": self.reference_runs, "offset_max_fraction": None,
+                "offset_min_per_phase": None, "offset_fixed_ms_json": None}
+        if trial_kind != "cancel":
+            return cols
+        if off.plan == "uniform":
+            cols["offset_max_fraction"] = off.max_fraction
+        elif off.plan == "phase":
+            cols["offset_min_per_phase"] = off.min_per_phase
+        elif off.plan == "fixed":
+            cols["offset_fixed_ms_json"] = json.dumps(list(off.fixed_ms))
+        return cols
+
+
+def trial_settings(config: SweepConfig, workload: WorkloadSpec, trial_kind: str, described: dict) -> dict:
+    """Every settings column of one trial: the config's values, the offset plan's
+    parameters and the engine's effective values (``described``, from load)."""
+    cols = {**workload.settings(), **config.offset_settings(trial_kind)}
+    cols.update({k: v for k, v in described.items() if k in SETTINGS_COLUMNS and k not in cols})
+    return cols
 
 
 DEFAULT_CONFIG = SweepConfig()
@@ -196,9 +226,9 @@ def _workload(raw: dict, i: int) -> WorkloadSpec:
     spec = WorkloadSpec(**kwargs, extra=extra)
     if spec.n_ubatch is not None and spec.n_ubatch > spec.n_batch:
         raise ConfigError(f"{where}: n_ubatch ({spec.n_ubatch}) must be <= n_batch ({spec.n_batch})")
-    if spec.engine in ("tts", "stt") and spec.model == WorkloadSpec.model:
+    if ENGINES[spec.engine].needs_mmproj and spec.model == WorkloadSpec.model:
         raise ConfigError(f"{where}: engine {spec.engine} needs 'model' (and 'mmproj')")
-    if spec.engine in ("tts", "stt") and not spec.mmproj:
+    if ENGINES[spec.engine].needs_mmproj and not spec.mmproj:
         raise ConfigError(f"{where}: engine {spec.engine} needs 'mmproj'")
     if spec.engine != "probe" and not spec.model.startswith("fixture:") and not spec.lock:
         raise ConfigError(f"{where}: model {spec.model} needs a 'lock' file (see `cancelbench lock`)")
@@ -220,7 +250,7 @@ def _sweep_kwargs(data: dict) -> dict:
     if "ping_samples" in sweep:
         kw["ping_samples"] = _int(sweep["ping_samples"], "sweep.ping_samples", 1, MAX_PING_SAMPLES)
     if "mechanisms" in sweep:
-        kw["mechanisms"] = _names(sweep["mechanisms"], "sweep.mechanisms", MECHANISMS)
+        kw["mechanisms"] = _names(sweep["mechanisms"], "sweep.mechanisms", MECHANISM_NAMES)
     if "deliveries" in sweep:
         kw["deliveries"] = _names(sweep["deliveries"], "sweep.deliveries", DELIVERIES)
     return kw
@@ -339,66 +369,3 @@ def load_config(path: Path | None) -> SweepConfig:
         return parse_config(data)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-
-
-STT_SAMPLE_RATE = 16_000  # Qwen3-ASR's audio encoder input
-
-
-def _check_input(workload: WorkloadSpec, item: dict, where: str) -> None:
-    """Catch bad inputs before any trial: empty text, missing or non-16 kHz mono audio."""
-    if workload.engine in ("text", "tts"):
-        text = item.get("text")
-        if not isinstance(text, str) or not text.strip():
-            raise ConfigError(f"{where}: input {item['id']!r} has empty text")
-    elif workload.engine == "stt":
-        import wave
-
-        wav = item.get("wav")
-        if not wav:
-            raise ConfigError(f"{where}: input {item['id']!r} has no 'wav'")
-        path = Path(wav) if Path(wav).is_absolute() else DATASETS_DIR / wav
-        try:
-            with wave.open(str(path), "rb") as w:
-                rate, channels = w.getframerate(), w.getnchannels()
-        except FileNotFoundError:
-            raise ConfigError(f"{where}: audio file not found: {path}") from None
-        except (wave.Error, EOFError) as exc:
-            raise ConfigError(f"{where}: {path} is not a PCM WAV file ({exc})") from None
-        if rate != STT_SAMPLE_RATE or channels != 1:
-            raise ConfigError(f"{where}: {path} is {rate} Hz with {channels} channel(s); "
-                              f"the stt engine needs {STT_SAMPLE_RATE} Hz mono")
-
-
-def load_inputs(workload: WorkloadSpec) -> list[dict]:
-    """The workload's input corpus: a JSON-lines file of {"id", "text"} or {"id", "wav"}."""
-    if workload.inputs.endswith(".jsonl"):  # an explicit corpus file
-        path = Path(workload.inputs).expanduser()
-    elif re.fullmatch(r"[A-Za-z0-9_.-]+", workload.inputs) and not workload.inputs.startswith("."):
-        path = CORPORA_DIR / f"{workload.inputs}.jsonl"
-    else:
-        raise ConfigError(f"workload {workload.name}: corpus name {workload.inputs!r} must be a plain name "
-                          "(datasets/corpora/<name>.jsonl) or a path ending in .jsonl")
-    if not path.is_file():
-        raise ConfigError(f"workload {workload.name}: unknown input corpus {workload.inputs!r} ({path} missing)")
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read input corpus ({exc})") from None
-    items = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{n}: bad JSON line ({exc})") from None
-        if not isinstance(item, dict):
-            raise ConfigError(f"{path}:{n}: each line must be a JSON object like {{\"id\": ..., \"text\": ...}}, "
-                              f"got {type(item).__name__}")
-        if "id" not in item or not isinstance(item["id"], (str, int)) or isinstance(item["id"], bool):
-            raise ConfigError(f"{path}:{n}: input without a string or integer 'id'")
-        _check_input(workload, item, f"{path}:{n}")
-        items.append(item)
-    if not items:
-        raise ConfigError(f"{path}: empty input corpus")
-    return items

@@ -1,29 +1,35 @@
 """One device's share of a sweep: its trials in plan order, one at a time.
 
-Per trial: the driver's half of the record, the offset resolved on this
-device's own reference timeline, the real driver -> agent cancel hop, the
-agent's half merged in and the row finalized (``cancelbench.schema``). An agent
-that dies mid-trial gives one ``lost`` row; Ray restarts it and the device
-goes on; a node that is gone leaves the rest ``not_run``.
+Per trial: the :class:`~cancelbench.request.TrialRequest` sent to the agent,
+the driver's half of the record (identity, settings, plan), the offset
+resolved on this device's own reference run, the real driver -> agent cancel
+hop, the agent's half merged in and the row finalized (``cancelbench.schema``).
+An agent that dies mid-trial gives one ``lost`` row; Ray restarts it and the
+device goes on; a node that is gone leaves the rest ``not_run``.
+
+Offsets run from one origin for both deliveries: the agent's hand-back. A
+driver-delivered cancel waits for the hand-back event (``agent.handback``),
+converts hand-back + offset to the driver clock and fires then.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import ray
 
-from cancelbench.schema import TrialRecord, finalize, merge
+from cancelbench.request import TrialRequest
+from cancelbench.schema import TrialRecord, driver_half, finalize, merge
 
 from .clock import ClockOffset, driver_now_ns, estimate_offset
 from .cluster import DeviceSlot
-from .config import SweepConfig
+from .config import SweepConfig, trial_settings
 from .plan import ReferenceTimeline, TrialSpec, resolve_offset_ms
 
 OFFSET_REFRESH_S = 30.0  # re-ping an agent before a trial when its offset estimate is older
@@ -40,18 +46,6 @@ def _unwrap(exc: BaseException) -> str:
     return text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
 
 
-def _reference_timeline(rows: list[dict]) -> ReferenceTimeline | None:
-    """The median uncancelled run: its duration and its phase timeline come from
-    the same run (the lower median, a real run, for an even count)."""
-    done = [r for r in rows if r.get("outcome") == "completed" and r.get("duration_ms") is not None]
-    if not done:
-        return None
-    done.sort(key=lambda r: r["duration_ms"])
-    median = done[(len(done) - 1) // 2]
-    segs = tuple(tuple(s) for s in json.loads(median.get("phase_timeline_json") or "[]"))
-    return ReferenceTimeline(duration_ms=median["duration_ms"], segments=segs)
-
-
 def _sleep_until_driver(deadline_ns: int) -> None:
     while True:
         left = deadline_ns - driver_now_ns()
@@ -61,20 +55,42 @@ def _sleep_until_driver(deadline_ns: int) -> None:
             time.sleep((left - 1_000_000) / 1e9)
 
 
+@dataclass(frozen=True)
+class SweepContext:
+    """What every device run of one sweep shares."""
+
+    config: SweepConfig
+    out_dir: Path
+    sweep_id: str
+    inputs: dict  # workload -> input id -> corpus item
+    payloads: dict  # workload -> load payload
+    record: Callable[[str, dict], None]  # (device key, finalized row) -> the sink
+
+
+@dataclass
+class DeviceWork:
+    """One device's agent and its share of the plan."""
+
+    key: str
+    slot: DeviceSlot
+    agent: object  # the Ray actor handle
+    trials: list[TrialSpec]
+    offset: ClockOffset
+    prior_refs: list[dict] = dataclasses.field(default_factory=list)  # reference rows already on disk (resume)
+
+
 class DeviceRun:
     """Runs one device's trials in plan order, one at a time."""
 
-    def __init__(self, config: SweepConfig, out_dir: Path, key: str, slot: DeviceSlot, agent, trials: list[TrialSpec],
-                 inputs: dict, payloads: dict, offset: ClockOffset, sweep_id: str, prior_refs: list[dict],
-                 record: Callable[[str, dict], None]) -> None:
-        self.config, self.out_dir, self.key, self.slot, self.agent = config, out_dir, key, slot, agent
-        self.trials, self.inputs, self.payloads, self.offset = trials, inputs, payloads, offset
-        self.offset_at_ns = driver_now_ns()
-        self.sweep_id, self.record = sweep_id, record
+    def __init__(self, sweep: SweepContext, work: DeviceWork) -> None:
+        self.sweep, self.work = sweep, work
+        self.key, self.slot, self.agent, self.trials = work.key, work.slot, work.agent, work.trials
+        self.offset, self.offset_at_ns = work.offset, driver_now_ns()
+        self.workloads = {w.name: w for w in sweep.config.workloads}
         self.refs: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
-        for r in prior_refs:
+        for r in work.prior_refs:
             self.refs[(r["workload"], r["mechanism"])].append(r)
-        self.loaded: dict | None = None
+        self.described: dict = {}  # the loaded engine's effective settings (agent.load)
         self.loaded_name: str | None = None
         self.last_phase: str | None = None  # last phase seen by status polls during a trial
         self.stopped: str | None = None  # why this device stopped early
@@ -83,7 +99,7 @@ class DeviceRun:
         for i, trial in enumerate(self.trials):
             try:
                 self._ensure_loaded(trial.workload)
-                self.record(self.key, self._run_trial(trial))
+                self.sweep.record(self.key, self._run_trial(trial))
             except ray.exceptions.ActorUnschedulableError:
                 # Its node is gone: this trial and the rest cannot run on this device.
                 return self._gave_up(self.trials[i:])
@@ -91,7 +107,7 @@ class DeviceRun:
                 self.stopped = f"{exc}; stopped before {len(self.trials) - i} trial(s) (listed as not_run)"
                 return [t.trial_id for t in self.trials[i:]]
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-                self.record(self.key, self._lost_row(trial, exc))
+                self.sweep.record(self.key, self._lost_row(trial, exc))
                 if not self._await_restart():
                     return self._gave_up(self.trials[i + 1:])
         return []
@@ -101,12 +117,9 @@ class DeviceRun:
               f"{len(rest)} trial(s) not run", file=sys.stderr)
         return [t.trial_id for t in rest]
 
-    def engine_of(self, workload: str) -> str:
-        return next(w.engine for w in self.config.workloads if w.name == workload)
-
     def _ensure_loaded(self, name: str) -> None:
         if self.loaded_name != name:
-            self.loaded = ray.get(self.agent.load.remote(self.payloads[name]))
+            self.described = ray.get(self.agent.load.remote(self.sweep.payloads[name]))
             self.loaded_name = name
 
     def _await_restart(self, timeout_s: float = 60.0) -> bool:
@@ -127,68 +140,56 @@ class DeviceRun:
                 time.sleep(0.5)
         return False
 
-    def _base_record(self, trial: TrialSpec) -> TrialRecord:
-        """The driver's half of the record: identity, plan and workload settings."""
-        wl = next(w for w in self.config.workloads if w.name == trial.workload)
-        info = self.loaded or {}
-        model = Path(wl.model).name.replace("fixture:", "") if wl.engine != "probe" else "probe"
-        return TrialRecord(
-            sweep_id=self.sweep_id, trial_id=trial.trial_id, trial_index=trial.trial_index,
-            trial_kind=trial.trial_kind, seed=self.config.seed, input_seed=trial.input_seed,
-            offset_seed=trial.offset_seed, workload=trial.workload, engine=wl.engine, model=model,
-            model_sha256=info.get("model_sha256"),
-            n_ctx=info.get("n_ctx"), n_batch=info.get("n_batch", wl.n_batch), n_ubatch=info.get("n_ubatch", wl.n_ubatch),
-            chunk_tokens=info.get("chunk_tokens", wl.chunk_tokens), max_tokens=info.get("max_tokens", wl.max_tokens),
-            n_gpu_layers=info.get("n_gpu_layers", wl.n_gpu_layers), input_id=trial.input_id,
+    def _driver_half(self, trial: TrialSpec) -> TrialRecord:
+        """Identity, settings and plan: every column the driver owns."""
+        config = self.sweep.config
+        settings = trial_settings(config, self.workloads[trial.workload], trial.trial_kind, self.described)
+        return driver_half(
+            sweep_id=self.sweep.sweep_id, trial_id=trial.trial_id, trial_index=trial.trial_index,
+            trial_kind=trial.trial_kind, seed=config.seed, input_seed=trial.input_seed,
+            offset_seed=trial.offset_seed, input_id=trial.input_id, **settings,
             mechanism=trial.mechanism, delivery=trial.delivery, offset_plan=trial.offset_plan,
             offset_fraction=trial.offset_fraction, target_phase=trial.target_phase,
             clock_offset_ns=self.offset.offset_ns, clock_uncertainty_ns=self.offset.uncertainty_ns,
             host=self.slot.host, backend=self.slot.backend, device=self.slot.device_id,
         )
 
-    def _trial_spec(self, trial: TrialSpec) -> dict:
-        """What the agent needs to run the trial (inputs resolved from the corpus)."""
-        item = self.inputs[trial.workload][trial.input_id]
-        spec = {"trial_id": trial.trial_id, "input_id": trial.input_id, "mechanism": trial.mechanism,
-                "delivery": trial.delivery, "seed": self.config.seed, "input": item.get("text", ""),
-                "wav": item.get("wav"), "lang": item.get("lang")}
-        if trial.trial_kind == "reference" and self.engine_of(trial.workload) == "tts":
+    def _request(self, trial: TrialSpec, offset_ms: float | None) -> TrialRequest:
+        """The typed request for the agent (the input resolved from the corpus)."""
+        item = self.sweep.inputs[trial.workload][trial.input_id]
+        wav_out = None
+        if trial.trial_kind == "reference" and self.workloads[trial.workload].engine == "tts":
             # An uncancelled synthesis is kept so a person can listen to it.
-            spec["wav_out"] = str((self.out_dir / "audio" / f"{trial.trial_id}.wav").resolve())
-        return spec
+            wav_out = str((self.sweep.out_dir / "audio" / f"{trial.trial_id}.wav").resolve())
+        return TrialRequest(
+            trial_id=trial.trial_id, trial_kind=trial.trial_kind, mechanism=trial.mechanism,
+            delivery=trial.delivery, input_id=trial.input_id, input=item.get("wav") or item.get("text", ""),
+            lang=item.get("lang"), offset_ms=offset_ms if trial.delivery == "agent" else None, wav_out=wav_out)
+
+    def _resolve(self, trial: TrialSpec) -> tuple[float | None, float | None]:
+        """(offset_target_ms, reference_ms) of a cancel trial, on this device's reference run."""
+        if trial.trial_kind != "cancel":
+            return None, None
+        refs = self.refs.get((trial.workload, trial.mechanism), [])
+        if refs and not any(r.get("outcome") == "completed" for r in refs):
+            raise ReferencesFailed(f"{self.key}: workload {trial.workload}: none of the {len(refs)} reference "
+                                   f"runs of {trial.mechanism} completed; first error: "
+                                   f"{' '.join(str(refs[0].get('error')).split())[:300]}")
+        timeline = ReferenceTimeline.from_rows(refs)
+        return resolve_offset_ms(trial, timeline), (timeline.duration_ms if timeline else None)
 
     def _run_trial(self, trial: TrialSpec) -> dict:
         self._refresh_offset()
-        base = self._base_record(trial)
-        spec = self._trial_spec(trial)
-        ref_key = (trial.workload, trial.mechanism)
-        target_ms = None
-        if trial.trial_kind == "cancel":
-            refs = self.refs.get(ref_key, [])
-            timeline = _reference_timeline(refs)
-            if refs and not any(r.get("outcome") == "completed" for r in refs):
-                raise ReferencesFailed(f"{self.key}: workload {trial.workload}: none of the {len(refs)} reference "
-                                       f"runs of {trial.mechanism} completed; first error: "
-                                       f"{' '.join(str(refs[0].get('error')).split())[:300]}")
-            try:
-                target_ms = resolve_offset_ms(trial, timeline)
-            except ValueError as exc:
-                return finalize(dataclasses.replace(base, outcome="error", error=str(exc)))
-            base.offset_target_ms = target_ms
-            base.reference_ms = timeline.duration_ms if timeline else None
-            if trial.delivery == "agent":
-                spec["offset_ms"] = target_ms
-        issue: dict = {}
-        cancel_ref = None
-        t_sub = driver_now_ns()
-        ref = self.agent.run_trial.remote(spec)
+        base = self._driver_half(trial)
+        try:
+            target_ms, base.reference_ms = self._resolve(trial)
+        except ValueError as exc:
+            return finalize(dataclasses.replace(base, outcome="error", error=str(exc)))
+        base.offset_target_ms = target_ms
+        ref = self.agent.run_trial.remote(self._request(trial, target_ms))
+        issue, cancel_ref = {}, None
         if trial.trial_kind == "cancel" and trial.delivery == "driver":
-            scheduled = t_sub + int(target_ms * 1e6)
-            _sleep_until_driver(scheduled)
-            issued = driver_now_ns()
-            cancel_ref = self.agent.cancel.remote(trial.trial_id)
-            issue = {"t_issued_driver_ns": issued, "t_issued_ns": self.offset.to_agent(issued),
-                     "t_cancel_scheduled_ns": self.offset.to_agent(scheduled)}
+            issue, cancel_ref = self._deliver_from_driver(trial.trial_id, target_ms)
         self._watch(ref)
         record = dataclasses.replace(merge(base, ray.get(ref)), **issue)
         if cancel_ref is not None:
@@ -197,8 +198,24 @@ class DeviceRun:
             record.clock_uncertainty_ns = 0  # issued on the agent's own clock
         row = finalize(record)
         if trial.trial_kind == "reference":
-            self.refs[ref_key].append(row)
+            self.refs[(trial.workload, trial.mechanism)].append(row)
         return row
+
+    def _deliver_from_driver(self, trial_id: str, target_ms: float) -> tuple[dict, object]:
+        """Wait for the agent's hand-back, then fire at hand-back + offset (driver clock).
+        The hand-back's hop to the driver is recorded (``t_anchor_seen_ns``); a
+        deadline it already passed fires at once, and ``schedule_lag_ms`` says by how much."""
+        handback_ns = ray.get(self.agent.handback.remote(trial_id))
+        seen = driver_now_ns()
+        if handback_ns is None:  # the trial ended before the event could be seen (an agent error)
+            return {}, None
+        scheduled = self.offset.to_driver(handback_ns) + int(target_ms * 1e6)
+        _sleep_until_driver(scheduled)
+        issued = driver_now_ns()
+        cancel_ref = self.agent.cancel.remote(trial_id)
+        return {"t_issued_driver_ns": issued, "t_issued_ns": self.offset.to_agent(issued),
+                "t_cancel_scheduled_ns": handback_ns + int(target_ms * 1e6),
+                "t_anchor_seen_ns": self.offset.to_agent(seen)}, cancel_ref
 
     def _watch(self, ref) -> None:
         """Wait for a trial; note its phase meanwhile, so a trial lost to an agent
@@ -216,9 +233,10 @@ class DeviceRun:
         over a sweep of long trials would bias every driver-side timestamp."""
         if driver_now_ns() - self.offset_at_ns < OFFSET_REFRESH_S * 1e9:
             return
-        self.offset = estimate_offset(lambda: ray.get(self.agent.ping.remote()), max(5, self.config.ping_samples // 4))
+        self.offset = estimate_offset(lambda: ray.get(self.agent.ping.remote()),
+                                      max(5, self.sweep.config.ping_samples // 4))
         self.offset_at_ns = driver_now_ns()
 
     def _lost_row(self, trial: TrialSpec, exc: BaseException) -> dict:
-        return finalize(dataclasses.replace(self._base_record(trial), outcome="lost", phase_at_terminal=self.last_phase,
+        return finalize(dataclasses.replace(self._driver_half(trial), outcome="lost", phase_at_terminal=self.last_phase,
                                             error=f"agent died during the trial: {_unwrap(exc)}"[:2000]))

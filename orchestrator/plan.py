@@ -13,12 +13,14 @@ reference runs are in (:func:`resolve_offset_ms`).
 
 from __future__ import annotations
 
+import json
 import zlib
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from cancelbench.device_agents.engines.registry import ENGINES
+from cancelbench.schema import NOT_APPLICABLE, reference_run
 
 from .config import SweepConfig
 
@@ -31,7 +33,7 @@ class TrialSpec:
     workload: str
     trial_kind: str  # reference | cancel
     mechanism: str
-    delivery: str  # driver | agent | none (reference)
+    delivery: str  # driver | agent | NOT_APPLICABLE (reference)
     offset_plan: str
     input_id: str
     input_seed: int
@@ -76,7 +78,7 @@ def build_plan(config: SweepConfig, devices: list[str], inputs: dict[str, list[s
                     refs.append(TrialSpec(
                         trial_id=f"{_id_part(device)}.{_id_part(wl.name)}.{mech}.ref.{r:03d}", trial_index=0,
                         device=device, workload=wl.name, trial_kind="reference", mechanism=mech,
-                        delivery="none", offset_plan="none", input_id=ids[int(rin.integers(len(ids)))],
+                        delivery=NOT_APPLICABLE, offset_plan=NOT_APPLICABLE, input_id=ids[int(rin.integers(len(ids)))],
                         input_seed=in_seed, offset_seed=off_seed))
                 for delivery in config.deliveries:
                     rin = _stream(in_seed, device, wl.name, mech, delivery)
@@ -112,14 +114,27 @@ def build_plan(config: SweepConfig, devices: list[str], inputs: dict[str, list[s
 
 @dataclass(frozen=True)
 class ReferenceTimeline:
-    """A device's uncancelled run of a workload/mechanism, from its reference trials."""
+    """A cell's reference run (``schema.reference_run``): its duration and its phase
+    timeline, both from that one uncancelled run."""
 
-    duration_ms: float  # median over the reference runs
-    segments: tuple[tuple[str, float, float], ...]  # (phase, start_ms, end_ms) of the median run
+    duration_ms: float
+    segments: tuple[tuple[str, float, float], ...]  # (phase, start_ms, end_ms) from hand-back
+
+    @classmethod
+    def from_rows(cls, rows: list[dict]) -> ReferenceTimeline | None:
+        run = reference_run(rows)
+        if run is None:
+            return None
+        # the timeline runs from t_start; offsets run from hand-back: shift it onto the origin
+        start, handback = run.get("t_start_ns"), run.get("t_handback_ns")
+        shift = (start - handback) / 1e6 if start is not None and handback is not None else 0.0
+        segs = tuple((p, a + shift, b + shift) for p, a, b in json.loads(run.get("phase_timeline_json") or "[]"))
+        return cls(duration_ms=run["duration_ms"], segments=segs)
 
 
 def resolve_offset_ms(trial: TrialSpec, ref: ReferenceTimeline | None) -> float:
-    """The planned offset in ms from hand-back, on this device's own timeline."""
+    """The planned offset in ms from the origin (the agent's hand-back), on this
+    device's own reference run."""
     if trial.offset_ms is not None:
         return float(trial.offset_ms)
     if ref is None:

@@ -29,8 +29,9 @@ from cancelbench.schema import SCHEMA_VERSION
 
 from . import cluster
 from .clock import estimate_offset
-from .config import SweepConfig, WorkloadSpec, load_inputs
-from .device_run import DeviceRun, _unwrap
+from .config import SweepConfig, WorkloadSpec
+from .corpus import load_inputs
+from .device_run import DeviceRun, DeviceWork, SweepContext, _unwrap
 from .plan import TrialSpec, build_plan
 
 
@@ -143,7 +144,9 @@ class Sweep:
             inputs[wl.name] = {str(it["id"]): it for it in items}
         try:
             local = not (self.address or os.environ.get("RAY_ADDRESS"))
-            payloads = {wl.name: workload_payload(wl, driver_sees_files=local) for wl in self.config.workloads}
+            # the sweep seed is the sampling seed of a workload that sets none (tts)
+            payloads = {wl.name: {"seed": self.config.seed, **workload_payload(wl, driver_sees_files=local)}
+                        for wl in self.config.workloads}
             for wl in self.config.workloads:  # architecture vs engine, for the files this driver sees
                 check_workload_files(wl.engine, {"model": wl.model, "mmproj": wl.mmproj}, local)
         except (LockError, ModelMismatchError) as exc:
@@ -211,8 +214,9 @@ class Sweep:
                 result.written += 1
             progress.update(key, row["outcome"])
 
-        runs = [DeviceRun(self.config, self.out_dir, key, slot_by_key[key], agents[key], trials, inputs, payloads,
-                          offsets[key], sweep_id, prior_refs.get(key, []), record)
+        shared = SweepContext(self.config, self.out_dir, sweep_id, inputs, payloads, record)
+        runs = [DeviceRun(shared, DeviceWork(key, slot_by_key[key], agents[key], trials, offsets[key],
+                                             prior_refs.get(key, [])))
                 for key, trials in by_device.items()]
         errors: list[BaseException] = []
         interrupted = False
@@ -285,7 +289,8 @@ class Sweep:
         device_of = {r["trial_id"]: r["device"] for r in plan}
         table = sinks.open_dataset(self.out_dir).to_table(
             columns=["trial_id", "trial_kind", "workload", "mechanism", "outcome", "duration_ms",
-                     "phase_timeline_json"], filter=pa.compute.field("trial_kind") == "reference")
+                     "phase_timeline_json", "t_start_ns", "t_handback_ns"],
+            filter=pa.compute.field("trial_kind") == "reference")
         out: dict[str, list[dict]] = collections.defaultdict(list)
         for r in table.to_pylist():
             if r["trial_id"] in device_of:

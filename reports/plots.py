@@ -29,6 +29,8 @@ import pyarrow.compute as pc
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
+from cancelbench.schema import reference_run
+
 from . import stats
 
 MAX_ECDF_POINTS = 200  # per line: evenly in rank (every half percent), the step shape survives
@@ -188,15 +190,20 @@ def plot_dots(samples: pd.DataFrame, spec, seed: int = 0) -> str:
     return svg_text(fig, "dots")
 
 
-def reference_runs(refs: pd.DataFrame) -> dict[tuple[str, str], pd.Series]:
-    """The upper-median-duration reference run per (workload, device)."""
-    out = {}
+def reference_runs(refs: pd.DataFrame) -> dict[tuple[str, str], tuple[str, pd.Series]]:
+    """Per (workload, device): (mechanism, its reference run), the run the planner
+    resolved that mechanism's offsets on (``schema.reference_run``). A panel pools
+    mechanisms, so it shades the first mechanism's (by name) and says which."""
+    out: dict = {}
     if refs is None or refs.empty:
         return out
-    for (w, d), g in refs.groupby(["workload", "device_key"], sort=True):
-        g = g[g["phase_timeline_json"].notna()].sort_values(["duration_ms", "trial_id"])
-        if len(g):
-            out[(str(w), str(d))] = g.iloc[len(g) // 2]
+    for (w, d, m), g in refs.groupby(["workload", "device_key", "mechanism"], sort=True):
+        if (str(w), str(d)) in out:
+            continue
+        rows = g[g["phase_timeline_json"].notna()].to_dict("records")
+        run = reference_run([{**r, "outcome": "completed"} for r in rows])  # load_references keeps completed only
+        if run is not None:
+            out[(str(w), str(d))] = (str(m), pd.Series(run))
     return out
 
 
@@ -234,7 +241,7 @@ def plot_offsets(samples: pd.DataFrame, refs: pd.DataFrame, seed: int = 0) -> st
         ax.set_visible(False)
     shades = ["#f2f2f2", "#dde6f0"]
     for i, (ax, (w, d)) in enumerate(zip(axes.flat, pairs)):
-        ref = references.get((w, d))
+        ref_mech, ref = references.get((w, d), (None, None))
         for k, (phase, a, b) in enumerate(phase_bands(ref) if ref is not None else []):
             ax.axvspan(a, b, color=shades[k % 2], zorder=0)
             ax.text((a + b) / 2, 1.0, plot_label(phase), transform=ax.get_xaxis_transform(), ha="center",
@@ -244,7 +251,8 @@ def plot_offsets(samples: pd.DataFrame, refs: pd.DataFrame, seed: int = 0) -> st
             if idx is not None:
                 ax.scatter(off[idx], lat[idx], s=5, alpha=0.7, color=colors[m], rasterized=len(off) > 1500,
                            zorder=2)  # many points: one embedded PNG per panel, not a vector marker each
-        ax.set_title(plot_label(f"{d} · {w}"), fontsize=9, pad=12)
+        ax.set_title(plot_label(f"{d} · {w}" + (f" (phases: {ref_mech} reference run)" if ref_mech else "")),
+                     fontsize=9, pad=12)
         ax.grid(True, alpha=0.3)
         ax.locator_params(axis="x", nbins=5)
         if i % cols == 0:

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from cancelbench.request import TrialRequest
 from cancelbench import native
 from cancelbench.device_agents import backends
 from cancelbench.device_agents.engines.base import CancelControl, Progress
-from cancelbench.device_agents.engines.text import MECHANISMS, PHASES, TextEngine
+from cancelbench.device_agents.engines.registry import ENGINES
+from cancelbench.device_agents.engines.text import TextEngine
 
 from helpers import cancel_when
 from test_backends import lavapipe_index, vulkan_site  # noqa: F401  (fixtures)
@@ -36,7 +38,7 @@ def _trial(eng: TextEngine, token: native.CancelToken, predicate=None):
     token.reset()
     ctl = CancelControl(token, Progress())
     th = cancel_when(ctl, lambda p: predicate(p, token)) if predicate else None
-    res = eng.run({"input": PROMPT, "mechanism": "graph_eval", "seed": 1}, ctl)
+    res = eng.run(TrialRequest(input=PROMPT, mechanism="graph_eval"), ctl)
     if th is not None:
         th.join()
     return res, ctl
@@ -73,7 +75,7 @@ def scenario(model: str, n_gpu_layers: int, prompt_tokens: int, slice_us: int) -
     fresh = TextEngine({**base, "n_batch": prompt_tokens})
     try:
         out["fresh_sha"] = _trial(fresh, token)[0].output_sha256
-        r = fresh.run({"input": PROMPT, "mechanism": "between_calls", "seed": 1}, CancelControl(token, Progress()))
+        r = fresh.run(TrialRequest(input=PROMPT, mechanism="between_calls"), CancelControl(token, Progress()))
         out["plain_sha"] = r.output_sha256
     finally:
         fresh.close()
@@ -122,7 +124,7 @@ def check(out: dict) -> None:
 
 
 def test_text_engine_lists_graph_eval():
-    assert "graph_eval" in MECHANISMS and PHASES == ("prefill", "generate")
+    assert "graph_eval" in ENGINES["text"].mechanisms and TextEngine.phases == ("prefill", "generate")
 
 
 def test_graph_eval_on_cpu(text_model):

@@ -13,6 +13,7 @@ import threading
 import numpy as np
 import pytest
 
+from cancelbench.request import TrialRequest
 from cancelbench import native
 from cancelbench.datasets import speech_fixtures as SF
 from cancelbench.device_agents.engines import mtmd_ext as X
@@ -52,9 +53,7 @@ def _ctl() -> CancelControl:
 
 def _run(engine, clip, mechanism="between_calls", ctl=None, **trial):
     ctl = ctl or _ctl()
-    t = {"input": clip, "input_id": "c0", "mechanism": mechanism, "seed": 1}
-    t.update(trial)
-    return engine.run(t, ctl), ctl
+    return engine.run(TrialRequest(input=clip, input_id="c0", mechanism=mechanism, **trial), ctl), ctl
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +175,7 @@ def test_memory_flat_over_30_cancel_run_cycles(asr_paths):
         for i in range(30):
             ctl = _ctl()
             th = cancel_when(ctl, PHASE_TARGETS[("encode", "decode_embd")[i % 2]])
-            eng.run({"input": short, "mechanism": ("abort_callback", "graph_eval")[i % 2], "seed": 1}, ctl)
+            eng.run(TrialRequest(input=short, mechanism=("abort_callback", "graph_eval")[i % 2]), ctl)
             th.join(5)
             res, _ = _run(eng, short)
             assert res.outcome == "completed"

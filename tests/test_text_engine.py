@@ -4,6 +4,7 @@ import statistics
 
 import pytest
 
+from cancelbench.request import TrialRequest
 from cancelbench import native
 from cancelbench.device_agents.engines.base import CancelControl, EngineInputError, Progress
 from cancelbench.device_agents.engines.text import TextEngine
@@ -27,7 +28,7 @@ def engine(text_model):
 
 def run(engine, mechanism, ctl=None):
     ctl = ctl or new_ctl()
-    return engine.run({"input": PROMPT, "mechanism": mechanism, "seed": 1}, ctl), ctl
+    return engine.run(TrialRequest(input=PROMPT, mechanism=mechanism), ctl), ctl
 
 
 def test_uncancelled_run_completes_both_phases(engine):
@@ -126,7 +127,7 @@ def test_bad_inputs(engine, tmp_path):
     with pytest.raises(EngineInputError, match="graph_slice_us"):
         TextEngine({"model": engine.workload["model"], "graph_slice_us": -5})
     with pytest.raises(EngineInputError, match="empty prompt"):
-        engine.run({"input": "  ", "mechanism": "between_calls"}, new_ctl())
+        engine.run(TrialRequest(input="  ", mechanism="between_calls"), new_ctl())
     with pytest.raises(EngineInputError, match="not found"):
         TextEngine({"model": str(tmp_path / "missing.gguf")})
     bogus = tmp_path / "bogus.gguf"
@@ -157,21 +158,19 @@ def test_small_vocabulary_yielding_more_tokens_than_bytes_tokenizes(tmp_path, mo
         assert len(toks) > len(text.encode()) + 8  # more than the first buffer held
         space = [t for t in range(len(small[0])) if small[0][t] in ("<0xE2>", "<0x96>", "<0x81>")]
         assert sum(t in space for t in toks) == 3 * text.count(" ") + 3  # every space + the prefix space
-        res = eng.run({"input": text, "mechanism": "between_calls", "seed": 1}, new_ctl())
+        res = eng.run(TrialRequest(input=text, mechanism="between_calls"), new_ctl())
         assert res.outcome == "completed" and res.n_input_tokens == 200 and len(res.output) == 2
     finally:
         eng.close()
 
 
 def test_gguf_header_reading_with_gguf_reader(text_model, tmp_path):
-    """mtmd_ext reads headers with gguf.GGUFReader: metadata, tensor shapes (ggml ne order),
-    one clear EngineInputError for a file cut short or not GGUF at all."""
+    """Headers are read with gguf.GGUFReader: the architecture (model_check), tensor shapes
+    (ggml ne order, mtmd_ext), one clear error for a file cut short or not GGUF at all."""
+    from cancelbench.device_agents import model_check
     from cancelbench.device_agents.engines import mtmd_ext as X
 
-    kv = X.read_gguf_kv(text_model)
-    assert kv["general.architecture"] == "llama" and kv["llama.block_count"] == 8
-    assert kv["tokenizer.ggml.tokens"].startswith("<array of ")  # not expanded unless asked for
-    assert X.read_gguf_kv(text_model, {"tokenizer.ggml.tokens"})["tokenizer.ggml.tokens"][:3] == ["<unk>", "<s>", "</s>"]
+    assert model_check.gguf_metadata(text_model)["general.architecture"] == "llama"
     shapes = X.read_gguf_tensor_shapes(text_model)
     assert shapes["blk.0.ffn_up.weight"] == (768, 2048)
     cut = tmp_path / "cut.gguf"
@@ -181,4 +180,6 @@ def test_gguf_header_reading_with_gguf_reader(text_model, tmp_path):
     bogus = tmp_path / "bogus.gguf"
     bogus.write_bytes(b"NOPE" + b"\0" * 64)
     with pytest.raises(EngineInputError, match="not a readable GGUF"):
-        X.read_gguf_kv(bogus)
+        X.read_gguf_tensor_shapes(bogus)
+    with pytest.raises(model_check.ModelMismatchError, match="not a readable GGUF"):
+        model_check.gguf_metadata(bogus)

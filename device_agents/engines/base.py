@@ -105,8 +105,10 @@ class CancelControl:
             self.received_ns = received_ns
             self.at_receipt = self.progress.snapshot()
             self._in_flight_at_receipt = self.progress.native_call is not None
-            self.token.set()
+            # The flag before the byte: a native call a reader stopped must find the
+            # flag set when it returns (its half-computed outputs are never used).
             self.requested = True
+            self.token.set()
             return True
 
     def adopt_token(self, token: native.CancelToken) -> None:

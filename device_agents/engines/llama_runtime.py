@@ -134,7 +134,8 @@ def load_model(path: Path, n_gpu_layers: int) -> llama_cpp.llama_model_p:
 
 
 def new_context(model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int,
-                offload: bool, eval_token: native.CancelToken | None = None) -> llama_cpp.llama_context_p:
+                offload: bool, eval_token: native.CancelToken | None = None,
+                embeddings: bool = False) -> llama_cpp.llama_context_p:
     """A llama context; with ``eval_token`` its scheduler runs the native eval reader
     (graph_eval): ``cb_eval_user_data`` is fixed for the context's life, so the
     caller keeps that token alive and binds each trial to it (:func:`bind_graph_token`)."""
@@ -147,6 +148,9 @@ def new_context(model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: in
     cparams.no_perf = True
     cparams.op_offload = bool(offload)
     cparams.offload_kqv = bool(offload)
+    if embeddings:  # per-token hidden states (the TTS talker's, for step_gen; tools/tts/tts.cpp does the same)
+        cparams.embeddings = True
+        cparams.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
     if eval_token is not None:
         cparams.cb_eval = NATIVE_EVAL_READER
         cparams.cb_eval_user_data = ctypes.c_void_p(eval_token.address)

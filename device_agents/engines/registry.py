@@ -1,9 +1,10 @@
-"""The engine registry: every engine's phases and cancel mechanisms, in one place.
+"""The engine registry: every mechanism and engine, as objects, in one place.
 
-Config validation, the offset planner, the agent and the reports read these
-tables; the engine modules take their phase names and mechanism lists from
-here too. Pure data: importing it loads no native library, so the driver and
-the reports can use it without llama.cpp.
+Config validation, the offset planner, the agent, the engines and the reports
+read these tables. Adding a mechanism is one :class:`Mechanism` entry here plus
+its native piece; an engine reads only the mechanism's flags, never its name.
+Pure data: importing it loads no native library, so the driver and the reports
+can use it without llama.cpp.
 """
 
 from __future__ import annotations
@@ -11,7 +12,38 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-MECHANISMS = ("between_calls", "abort_callback", "chunked", "graph_eval")
+
+@dataclass(frozen=True)
+class Mechanism:
+    """How a cancel reaches the engine. Every mechanism checks the cancel flag
+    before and after each native call (``CancelControl.call``); the flags say
+    what it arms on top of that."""
+
+    name: str
+    abort_callback: bool = False  # the native abort reader on every llama context (llama_set_abort_callback)
+    eval_hook: bool = False  # every graph runs on contexts whose scheduler polls the native eval reader
+    chunked: bool = False  # prompt/prefill decoded in chunk_tokens batches instead of n_batch
+    reaches: str = ""  # what it can stop inside, for docs and reports
+
+    def prompt_step(self, n_batch: int, chunk_tokens: int) -> int:
+        """Tokens per prompt decode under this mechanism."""
+        return chunk_tokens if self.chunked else n_batch
+
+
+MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
+    Mechanism("between_calls", reaches="nothing inside a native call: the flag between calls"),
+    Mechanism("abort_callback", abort_callback=True,
+              reaches="llama_decode on backends that poll ggml's abort callback (upstream: CPU only); "
+                      "not clip graphs"),
+    Mechanism("chunked", chunked=True, reaches="nothing inside a call; shorter prompt calls"),
+    Mechanism("graph_eval", eval_hook=True,
+              reaches="every graph (llama_decode, clip encode, code predictor, code2wav) on every backend, "
+                      "between node ranges of about graph_slice_us"),
+)}
+MECHANISM_NAMES = tuple(MECHANISMS)
+
+# ggml backends a device can run on (device ids are "<backend>:<index>").
+from ..ggml_devices import BACKENDS  # noqa: E402  (its one home: a stdlib-only module)
 
 
 @dataclass(frozen=True)
@@ -20,7 +52,8 @@ class EngineSpec:
     phases: tuple[str, ...]  # in run order; every one can be aimed at by the phase plan
     mechanisms: tuple[str, ...]
     factory: str  # "module:Class", imported only when an agent builds the engine
-    needs_mmproj: bool = False
+    needs_mmproj: bool = False  # the workload must name a multimodal projector (and a real model)
+    simulated: bool = False  # reports mark a simulated engine as such
 
     def make(self, workload: dict):
         module, cls = self.factory.split(":")
@@ -28,13 +61,13 @@ class EngineSpec:
 
 
 ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
-    EngineSpec("text", ("prefill", "generate"), MECHANISMS, ".text:TextEngine"),
-    EngineSpec("tts", ("set_input", "prompt", "generate", "code2wav", "output"), MECHANISMS, ".tts:TtsEngine",
+    EngineSpec("text", ("prefill", "generate"), MECHANISM_NAMES, ".text:TextEngine"),
+    EngineSpec("tts", ("set_input", "prompt", "generate", "code2wav", "output"), MECHANISM_NAMES, ".tts:TtsEngine",
                needs_mmproj=True),
-    EngineSpec("stt", ("preprocess", "prefill", "encode", "decode_embd", "generate"), MECHANISMS,
+    EngineSpec("stt", ("preprocess", "prefill", "encode", "decode_embd", "generate"), MECHANISM_NAMES,
                ".stt:SttEngine", needs_mmproj=True),
     # The probe polls the native token whatever the mechanism: it calibrates the harness.
-    EngineSpec("probe", ("busy",), MECHANISMS, ".text:ProbeEngine"),
+    EngineSpec("probe", ("busy",), MECHANISM_NAMES, ".text:ProbeEngine"),
 )}
 
 
@@ -49,8 +82,9 @@ def engine_spec(name: str) -> EngineSpec:
         raise UnknownEngine(f"unknown engine {name!r} (known: {', '.join(ENGINES)})") from None
 
 
-def check_mechanism(engine: str, mechanism: str) -> None:
+def mechanism_for(engine: str, name: str) -> Mechanism:
+    """The mechanism ``name`` of ``engine`` (config load checks this once for every cell)."""
     spec = engine_spec(engine)
-    if mechanism not in spec.mechanisms:
-        raise UnknownEngine(f"the {engine} engine has no mechanism {mechanism!r} "
-                            f"(has: {', '.join(spec.mechanisms)})")
+    if name not in spec.mechanisms or name not in MECHANISMS:
+        raise UnknownEngine(f"the {engine} engine has no mechanism {name!r} (has: {', '.join(spec.mechanisms)})")
+    return MECHANISMS[name]

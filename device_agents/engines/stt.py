@@ -20,10 +20,11 @@ that arm them — inside them:
   chunks for ``mtmd_batch_encode`` ("the first image will always be added even
   if it exceeds this limit"), so it cannot split an encode; the encode stays one
   call per 8 s window.
-* ``graph_eval`` — abort_callback plus an mtmd context with the native
-  ``cb_eval`` reader: the clip encode graph runs node by node and stops after
-  the node in flight; ``mtmd_encode_chunk`` then returns 0 with half-computed
-  embeddings, which the engine discards.
+* ``graph_eval`` — the hooked context set (``llama_base``): the llama context
+  and the mtmd context are both created with the native ``cb_eval`` reader, so
+  every decode and the clip encode run in node ranges and stop at the next range
+  once the token is set; the call returns 0 with half-computed outputs, which
+  the engine discards (``Cancelled``). No abort callback.
 """
 
 from __future__ import annotations
@@ -39,9 +40,12 @@ from cancelbench import native
 
 from . import llama_runtime as rt
 from . import mtmd_ext as X
+from cancelbench.request import TrialRequest
+
 from .base import (Cancelled, CancelControl, EngineInputError, EngineResult, LlamaSettings, PhaseClock,
-                   finish_trial, release, sha256_of)
-from .registry import ENGINES, UnknownEngine, check_mechanism
+                   finish_trial, sha256_of)
+from .llama_base import ContextSet, LlamaEngine
+from .registry import ENGINES
 
 N_POS_MROPE = 4
 
@@ -61,17 +65,16 @@ class _SttTrial:
     chunk_log: list = field(default_factory=list)
 
 
-class SttEngine:
+class SttEngine(LlamaEngine):
     kind = "stt"
     phases = ENGINES["stt"].phases
 
     def __init__(self, workload: dict) -> None:
-        self.workload = workload
+        super().__init__(workload)
         # n_threads, n_ctx, n_batch, n_ubatch, chunk_tokens, n_gpu_layers as attributes
         vars(self).update(asdict(LlamaSettings.from_workload(workload, n_batch=256, chunk_tokens=16)))
         self.max_tokens = int(workload.get("max_tokens", 16))
         self.system_prompt = str(workload.get("system_prompt", ""))
-        self.graph_slice_us = rt.graph_slice_us(workload)  # graph_eval: eval-reader slice
         if self.max_tokens < 1:
             raise EngineInputError("max_tokens must be >= 1")
 
@@ -84,13 +87,9 @@ class SttEngine:
         self.model = rt.load_model(model_path, self.n_gpu_layers)
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_embd_inp = llama_cpp.llama_model_n_embd_inp(self.model)
-        self.ctx = rt.new_context(self.model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-                                  n_threads=self.n_threads, offload=self.n_gpu_layers > 0)
-        self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.use_gpu = self.n_gpu_layers > 0
-        self.graph_token: native.CancelToken | None = None  # bound at the first graph_eval trial
-        self._mctx = {False: X.init_mtmd(mmproj, self.model, n_threads=self.n_threads, use_gpu=self.use_gpu)}
-        m0 = self._mctx[False]
+        m0 = self._sets[False] = self._build_set(None)
+        m0 = m0.handles["mctx"]
         if not M.mtmd_support_audio(m0):
             raise EngineInputError(f"mmproj {mmproj.name} has no audio input")
         self.sample_rate = int(M.mtmd_get_audio_sample_rate(m0))
@@ -98,24 +97,29 @@ class SttEngine:
         self.marker = M.mtmd_default_marker().decode()
         self.sampler = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         llama_cpp.llama_sampler_chain_add(self.sampler, llama_cpp.llama_sampler_init_greedy())
-        self.batch = llama_cpp.llama_batch_ext_init(self.ctx)
         self._audio_cache: dict[str, object] = {}
+
+    def _build_set(self, eval_token: native.CancelToken | None) -> ContextSet:
+        """The text model's context, its batch, and the mtmd (audio encoder) context."""
+        ctx = rt.new_context(self.model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                             n_threads=self.n_threads, offload=self.use_gpu, eval_token=eval_token)
+        mctx = X.init_mtmd(self.mmproj_path, self.model, n_threads=self.n_threads, use_gpu=self.use_gpu,
+                           eval_token=eval_token)
+        return ContextSet(eval_token is not None, ctx, {"mctx": mctx, "batch": llama_cpp.llama_batch_ext_init(ctx)})
+
+    def _free_handles(self, s: ContextSet) -> None:
+        llama_cpp.llama_batch_ext_free(s.handles.pop("batch"))
+        M.mtmd_free(s.handles.pop("mctx"))
+
+    @property
+    def batch(self):
+        return (self.active or self._sets[False]).handles["batch"]
 
     def describe(self) -> dict:
         return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
                 "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_tokens,
-                "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads, "sample_rate": self.sample_rate}
-
-    def _mtmd(self, hooked: bool, ctl: CancelControl):
-        if hooked and True not in self._mctx:
-            # cb_eval_user_data is fixed for the context's life: bind it to this trial's token
-            # and keep a reference (see TtsEngine._contexts)
-            self.graph_token = ctl.token
-            self._mctx[True] = X.init_mtmd(self.mmproj_path, self.model, n_threads=self.n_threads,
-                                           use_gpu=self.use_gpu, eval_token=self.graph_token)
-        if hooked:
-            X.bind_token(ctl, self.graph_token, self.graph_slice_us)
-        return self._mctx[hooked]
+                "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
+                "graph_slice_us": self.graph_slice_us, "system_prompt": self.system_prompt}
 
     def load_audio(self, path: str):
         """16 kHz mono float samples of a WAV (validated and cached; no native call)."""
@@ -183,18 +187,11 @@ class SttEngine:
 
     # ------------------------------------------------------------------ the trial
 
-    def run(self, trial: dict, ctl: CancelControl) -> EngineResult:
-        mechanism = trial["mechanism"]
-        try:
-            check_mechanism(self.kind, mechanism)
-        except UnknownEngine as exc:
-            raise EngineInputError(str(exc)) from None
-        samples = self.load_audio(trial["input"])
-        hooked = mechanism == "graph_eval"
-        mctx = self._mtmd(hooked, ctl)
-        rt.arm_abort(self.ctx, ctl.token if mechanism in ("abort_callback", "graph_eval") else None)
-        st = _SttTrial(ctl=ctl, mctx=mctx, step=self.chunk_tokens if mechanism == "chunked" else self.n_batch,
-                       max_tokens=int(trial.get("max_tokens", self.max_tokens)))
+    def run(self, request: TrialRequest, ctl: CancelControl) -> EngineResult:
+        samples = self.load_audio(request.input)
+        mech, cset = self.prepare(request, ctl)
+        st = _SttTrial(ctl=ctl, mctx=cset.handles["mctx"], step=mech.prompt_step(self.n_batch, self.chunk_tokens),
+                       max_tokens=self.max_tokens)
         ctl.progress.heavy_graph = None
         clock = PhaseClock(ctl.progress)
         t_start = native.now_ns()
@@ -236,7 +233,7 @@ class SttEngine:
             raise EngineInputError(f"mtmd_tokenize rejected the audio ({rc})")
 
     def _reset(self) -> None:
-        llama_cpp.llama_memory_clear(self.mem, True)
+        llama_cpp.llama_memory_clear(self.active.mem, True)
         llama_cpp.llama_sampler_reset(self.sampler)
 
     def _eval_chunk(self, st: _SttTrial, clock: PhaseClock, ci: int, n_past: int) -> int:
@@ -299,8 +296,7 @@ class SttEngine:
             n_past += 1
 
     def close(self) -> None:
-        for hooked in list(getattr(self, "_mctx", {})):
-            M.mtmd_free(self._mctx.pop(hooked))
-        release(self, ("batch", llama_cpp.llama_batch_ext_free), ("sampler", llama_cpp.llama_sampler_free),
-                ("ctx", llama_cpp.llama_free), ("model", llama_cpp.llama_model_free))
-        self.graph_token = None  # not ours to free: a trial's token (the agent's, usually)
+        if getattr(self, "sampler", None):
+            llama_cpp.llama_sampler_free(self.sampler)
+            self.sampler = None
+        super().close()

@@ -26,20 +26,22 @@ import llama_cpp
 
 from cancelbench import native
 
+from cancelbench.request import TrialRequest
+
 from . import llama_runtime as rt
 from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, sha256_of
+from .llama_base import ContextSet, LlamaEngine
 from .registry import ENGINES
 
-MECHANISMS = ENGINES["text"].mechanisms
 PHASES = ENGINES["text"].phases
 
 
-class TextEngine:
+class TextEngine(LlamaEngine):
     kind = "text"
     phases = PHASES
 
     def __init__(self, workload: dict) -> None:
-        self.workload = workload
+        super().__init__(workload)
         self.n_batch = int(workload.get("n_batch", 256))
         self.n_ubatch = int(workload.get("n_ubatch", self.n_batch))
         self.chunk_tokens = int(workload.get("chunk_tokens", 32))
@@ -48,7 +50,6 @@ class TextEngine:
         self.n_ctx = int(workload.get("n_ctx", max(512, self.prompt_tokens + self.max_tokens + 8)))
         self.n_threads = int(workload.get("n_threads", 2))
         self.n_gpu_layers = int(workload.get("n_gpu_layers") or 0)
-        self.graph_slice_us = rt.graph_slice_us(workload)
         if self.prompt_tokens + self.max_tokens > self.n_ctx:
             raise EngineInputError(f"prompt_tokens + max_tokens ({self.prompt_tokens + self.max_tokens}) "
                                    f"exceeds n_ctx {self.n_ctx}")
@@ -58,37 +59,22 @@ class TextEngine:
         rt.quiet_logs()
         self.model = rt.load_model(path, self.n_gpu_layers)
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
-        self.ctx = self._new_context(None)
-        self.mem = llama_cpp.llama_get_memory(self.ctx)
-        # graph_eval: a context whose scheduler polls graph_token, made at the first graph_eval trial
-        self.graph_token: native.CancelToken | None = None
-        self.graph_ctx = None
+        self._sets[False] = self._build_set(None)
         self.batch = rt.Batch(max(self.n_batch, 1))
         self.sampler = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         llama_cpp.llama_sampler_chain_add(self.sampler, llama_cpp.llama_sampler_init_greedy())
         self._prompt_cache: dict[str, list[int]] = {}
 
-    def _new_context(self, eval_token: native.CancelToken | None):
-        return rt.new_context(self.model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-                              n_threads=self.n_threads, offload=self.n_gpu_layers > 0, eval_token=eval_token)
-
-    def _context_for(self, mechanism: str, ctl: CancelControl):
-        """The plain context, or (graph_eval) the hooked one with ``ctl`` bound to its token."""
-        if mechanism != "graph_eval":
-            return self.ctx
-        if self.graph_ctx is None:
-            # cb_eval_user_data is fixed for the context's life: bind it to this trial's token
-            # (the agent keeps one per agent) and keep a reference (see TtsEngine._contexts)
-            self.graph_token = ctl.token
-            self.graph_ctx = self._new_context(self.graph_token)
-        rt.bind_graph_token(ctl, self.graph_token, self.graph_slice_us)
-        return self.graph_ctx
+    def _build_set(self, eval_token: native.CancelToken | None) -> ContextSet:
+        return ContextSet(eval_token is not None, rt.new_context(
+            self.model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+            n_threads=self.n_threads, offload=self.n_gpu_layers > 0, eval_token=eval_token))
 
     def describe(self) -> dict:
         return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
                 "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_tokens,
-                "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads,
-                "graph_slice_us": self.graph_slice_us}
+                "prompt_tokens": self.prompt_tokens, "n_gpu_layers": self.n_gpu_layers,
+                "n_threads": self.n_threads, "graph_slice_us": self.graph_slice_us}
 
     def prompt_for(self, text: str) -> list[int]:
         """Tokenize and repeat/trim to exactly ``prompt_tokens`` (BOS kept first)."""
@@ -120,22 +106,15 @@ class TextEngine:
             return rc, True
         return rc, rc == 2
 
-    def run(self, trial: dict, ctl: CancelControl) -> EngineResult:
-        mechanism = trial["mechanism"]
-        if mechanism not in MECHANISMS:
-            raise EngineInputError(f"text engine does not implement mechanism {mechanism!r} "
-                                   f"(has: {', '.join(MECHANISMS)})")
-        tokens = self.prompt_for(trial["input"])
+    def run(self, request: TrialRequest, ctl: CancelControl) -> EngineResult:
+        mech, cset = self.prepare(request, ctl)
+        tokens = self.prompt_for(request.input)
         progress = ctl.progress
-        hooked = mechanism == "graph_eval"
-        ctx = self._context_for(mechanism, ctl)
-        self._last_ctx = ctx
+        hooked, ctx = cset.hooked, cset.ctx
         # Leftovers of the previous trial (an aborted ubatch's earlier ubatches) go first.
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+        llama_cpp.llama_memory_clear(cset.mem, True)
         llama_cpp.llama_sampler_reset(self.sampler)
-        if not hooked:
-            rt.arm_abort(ctx, ctl.token if mechanism == "abort_callback" else None)
-        step = self.chunk_tokens if mechanism == "chunked" else self.n_batch
+        step = mech.prompt_step(self.n_batch, self.chunk_tokens)
 
         clock = PhaseClock(progress)
         t_start = native.now_ns()
@@ -178,24 +157,15 @@ class TextEngine:
 
     def kv_pos_max(self) -> int:
         """Highest KV position of sequence 0 in the context the last trial used (-1: empty)."""
-        ctx = getattr(self, "_last_ctx", None) or self.ctx
-        return llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(ctx), 0)
+        return llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(self.ctx), 0)
 
     def close(self) -> None:
-        for attr in ("graph_ctx", "ctx"):
-            if getattr(self, attr, None):
-                llama_cpp.llama_free(getattr(self, attr))
-                setattr(self, attr, None)
-        self._last_ctx = None
-        self.graph_token = None  # not ours to free: a trial's token (the agent's, usually)
         if getattr(self, "batch", None):
             self.batch.free()
         if getattr(self, "sampler", None):
             llama_cpp.llama_sampler_free(self.sampler)
             self.sampler = None
-        if getattr(self, "model", None):
-            llama_cpp.llama_model_free(self.model)
-            self.model = None
+        super().close()
 
 
 class ProbeEngine:
@@ -214,7 +184,7 @@ class ProbeEngine:
     def describe(self) -> dict:
         return {"engine": self.kind, "duration_us": self.duration_us, "period_us": self.period_us}
 
-    def run(self, trial: dict, ctl: CancelControl) -> EngineResult:
+    def run(self, request: TrialRequest, ctl: CancelControl) -> EngineResult:
         clock = PhaseClock(ctl.progress)
         t_start = native.now_ns()
         clock.enter("busy")

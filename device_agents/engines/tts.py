@@ -18,11 +18,12 @@ Mechanisms:
   talker decode (a prompt batch, the frame decode inside step_gen) stops after
   the current graph node. It does not reach the clip graphs.
 * ``chunked`` — between_calls with prompt batches of ``chunk_tokens``.
-* ``graph_eval`` — abort_callback, plus a second mtmd context created with the
-  native ``cb_eval`` reader: the clip scheduler then computes the code-predictor
-  and code2wav graphs node by node and stops after the node in flight. The stop
-  is silent (clip_encode returns success with half-computed outputs), so the
-  engine discards the step and reports the cancel.
+* ``graph_eval`` — the hooked context set (``llama_base``): the talker's llama
+  context and the mtmd context are both created with the native ``cb_eval``
+  reader, so every scheduler (talker decode, code predictor, code2wav) computes
+  in node ranges and stops at the next range once the token is set. The stop
+  is silent (the call returns success with half-computed outputs), so the
+  engine discards the step and reports the cancel. No abort callback.
 
 Which step ran a code2wav window: the helper exposes no per-step signal, so the
 engine marks the step *before* it runs from the helper's own rule (a flush when
@@ -49,14 +50,18 @@ import llama_cpp
 from llama_cpp import mtmd_cpp as M
 
 from cancelbench import native
+from cancelbench.datasets.qwen_common import C2W_WINDOW_FRAMES as WINDOW_FRAMES
+from cancelbench.request import TrialRequest
 
 from . import llama_runtime as rt
 from . import mtmd_ext as X
 from .base import (Cancelled, CancelControl, EngineInputError, EngineResult, LlamaSettings, PhaseClock,
-                   finish_trial, release, sha256_of)
-from .registry import ENGINES, UnknownEngine, check_mechanism
+                   finish_trial, sha256_of)
+from .llama_base import ContextSet, LlamaEngine
+from .registry import ENGINES
 
-WINDOW_FRAMES = 72           # mtmd-helper-gen.cpp qwen3tts window_frames (== clip wav_tfm_swa)
+# WINDOW_FRAMES: mtmd-helper-gen.cpp's qwen3tts window_frames, equal to the model's
+# wav_tfm_swa, whose one home is the recipe (qwen_common).
 
 
 @dataclass
@@ -79,20 +84,19 @@ class _TtsTrial:
     keep: list = field(default_factory=list)  # ctypes objects that must outlive a native call
 
 
-class TtsEngine:
+class TtsEngine(LlamaEngine):
     kind = "tts"
     phases = ENGINES["tts"].phases
 
     def __init__(self, workload: dict) -> None:
-        self.workload = workload
+        super().__init__(workload)
         # n_threads, n_ctx, n_batch, n_ubatch, chunk_tokens, n_gpu_layers as attributes
         vars(self).update(asdict(LlamaSettings.from_workload(workload, n_batch=32, chunk_tokens=4)))
         self.max_frames = int(workload.get("max_frames", workload.get("max_tokens", 96)))
         self.top_k = int(workload.get("top_k", 50))
         self.temp = float(workload.get("temp", 0.9))
         self.lang = str(workload.get("lang", "en"))
-        self.default_seed = int(workload.get("seed", 1234))
-        self.graph_slice_us = rt.graph_slice_us(workload)  # graph_eval: eval-reader slice
+        self.sampling_seed = int(workload.get("seed", 1234)) & 0xFFFFFFFF
         if self.max_frames < 1:
             raise EngineInputError("max_frames must be >= 1")
 
@@ -106,28 +110,9 @@ class TtsEngine:
         self.model = rt.load_model(model_path, self.n_gpu_layers)
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_embd = llama_cpp.llama_model_n_embd(self.model)
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = self.n_ctx
-        cparams.n_batch = self.n_batch
-        cparams.n_ubatch = self.n_ubatch
-        cparams.n_threads = self.n_threads
-        cparams.n_threads_batch = self.n_threads
-        cparams.no_perf = True
-        cparams.embeddings = True  # step_gen needs the talker's hidden state (tools/tts/tts.cpp does the same)
-        cparams.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
-        cparams.op_offload = self.n_gpu_layers > 0
-        cparams.offload_kqv = self.n_gpu_layers > 0
-        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
-        if not self.ctx:
-            raise EngineInputError("llama.cpp could not create the talker context")
-        self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.use_gpu = self.n_gpu_layers > 0
-
-        # the plain context (no cb_eval) and, on first graph_eval trial, the hooked one
-        self.graph_token: native.CancelToken | None = None  # bound at the first graph_eval trial
-        self._mctx = {False: X.init_mtmd(mmproj, self.model, n_threads=self.n_threads, use_gpu=self.use_gpu)}
-        self._gen = {False: M.mtmd_helper_gen_audio_init(self.ctx, self._mctx[False])}
-        info = M.mtmd_gen_audio_get_info(self._mctx[False])
+        plain = self._sets[False] = self._build_set(None)
+        info = M.mtmd_gen_audio_get_info(plain.handles["mctx"])
         if info.type != M.MTMD_GEN_AUDIO_TYPE_QWEN3TTS:
             raise EngineInputError(f"mmproj {mmproj.name} is not a Qwen3-TTS gen-audio projector (type {info.type})")
         self.sample_rate = int(info.sample_rate)
@@ -136,6 +121,19 @@ class TtsEngine:
         sup = llama_cpp.llama_vocab_get_suppress_tokens(self.vocab, ctypes.byref(n))
         self._suppress = [int(sup[i]) for i in range(n.value)]
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+
+    def _build_set(self, eval_token: native.CancelToken | None) -> ContextSet:
+        """The talker's context (hidden states on), the mtmd context and the gen helper over both."""
+        ctx = rt.new_context(self.model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                             n_threads=self.n_threads, offload=self.use_gpu, eval_token=eval_token, embeddings=True)
+        mctx = X.init_mtmd(self.mmproj_path, self.model, n_threads=self.n_threads, use_gpu=self.use_gpu,
+                           eval_token=eval_token)
+        gen = M.mtmd_helper_gen_audio_init(ctx, mctx)
+        return ContextSet(eval_token is not None, ctx, {"mctx": mctx, "gen": gen})
+
+    def _free_handles(self, s: ContextSet) -> None:
+        M.mtmd_helper_gen_audio_free(s.handles.pop("gen"))
+        M.mtmd_free(s.handles.pop("mctx"))
 
     # ------------------------------------------------------------------ helpers
 
@@ -155,21 +153,9 @@ class TtsEngine:
         return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
                 "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_frames, "max_frames": self.max_frames,
                 "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
-                "samples_per_frame": self.samples_per_frame, "window_frames": WINDOW_FRAMES}
-
-    def _contexts(self, hooked: bool, ctl: CancelControl):
-        if hooked and True not in self._mctx:
-            # cb_eval_user_data is fixed for the context's life: bind it to this trial's token
-            # (the agent keeps one token per agent, so later trials use the same one) and keep
-            # a reference so the address stays valid; a trial with another token is re-pointed
-            # at this one (mtmd_ext.bind_token).
-            self.graph_token = ctl.token
-            self._mctx[True] = X.init_mtmd(self.mmproj_path, self.model, n_threads=self.n_threads,
-                                           use_gpu=self.use_gpu, eval_token=self.graph_token)
-            self._gen[True] = M.mtmd_helper_gen_audio_init(self.ctx, self._mctx[True])
-        if hooked:
-            X.bind_token(ctl, self.graph_token, self.graph_slice_us)
-        return self._mctx[hooked], self._gen[hooked]
+                "samples_per_frame": self.samples_per_frame, "window_frames": WINDOW_FRAMES,
+                "graph_slice_us": self.graph_slice_us, "temp": self.temp, "top_k": self.top_k,
+                "sampling_seed": self.sampling_seed, "lang": self.lang}
 
     def _new_sampler(self, seed: int):
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -190,22 +176,14 @@ class TtsEngine:
 
     # ------------------------------------------------------------------ the trial
 
-    def run(self, trial: dict, ctl: CancelControl) -> EngineResult:
-        mechanism = trial["mechanism"]
-        try:
-            check_mechanism(self.kind, mechanism)
-        except UnknownEngine as exc:
-            raise EngineInputError(str(exc)) from None
-        text = trial.get("input")
+    def run(self, request: TrialRequest, ctl: CancelControl) -> EngineResult:
+        text = request.input
         if not isinstance(text, str) or not text.strip():
             raise EngineInputError("empty text: nothing to synthesize")
-        hooked = mechanism == "graph_eval"
-        mctx, gen = self._contexts(hooked, ctl)
-        rt.arm_abort(self.ctx, ctl.token if mechanism in ("abort_callback", "graph_eval") else None)
-        st = _TtsTrial(ctl=ctl, gen=gen, seed=int(trial.get("seed", self.default_seed)) & 0xFFFFFFFF,
-                       lang=str(trial.get("lang") or self.lang),
-                       max_frames=int(trial.get("max_frames", self.max_frames)),
-                       prompt_batch=self.chunk_tokens if mechanism == "chunked" else self.n_batch)
+        mech, cset = self.prepare(request, ctl)
+        hooked, mctx = cset.hooked, cset.handles["mctx"]
+        st = _TtsTrial(ctl=ctl, gen=cset.handles["gen"], seed=self.sampling_seed, lang=request.lang or self.lang,
+                       max_frames=self.max_frames, prompt_batch=mech.prompt_step(self.n_batch, self.chunk_tokens))
         ctl.progress.frames_generated = 0
         ctl.progress.heavy_graph = None
         clock = PhaseClock(ctl.progress)
@@ -227,14 +205,14 @@ class TtsEngine:
             ctl.progress.heavy_graph = None
         return finish_trial(ctl, clock, stopped=stopped, t_start_ns=t_start, decode_rc=ctl.last_rc,
                             n_input_tokens=st.n_prompt,
-                            output=self._output(st, trial, hooked, stopped or ctl.requested),
+                            output=self._output(st, request, hooked, stopped or ctl.requested),
                             output_sha256=None if st.pcm is None else sha256_of(st.pcm.tobytes()))
 
     def _set_input(self, st: _TtsTrial, mctx, text: str) -> None:
         """Tokenize, reset the talker and the clip RNG, then the helper's set_input (one uncheckable call)."""
         ctl = st.ctl
         st.n_prompt = ctl.call("llama_tokenize", self.prompt_tokens, text)
-        ctl.call("llama_memory_clear", llama_cpp.llama_memory_clear, self.mem, True)
+        ctl.call("llama_memory_clear", llama_cpp.llama_memory_clear, self.active.mem, True)
         ctl.call("clip_rng_reseed", X.reseed_clip_rng, mctx, self.n_embd, st.seed)
         st.sampler = self._new_sampler(st.seed)
         raw = text.encode("utf-8")
@@ -333,7 +311,7 @@ class TtsEngine:
         st.pcm = np.frombuffer(ctypes.string_at(data, n_bytes.value), dtype=np.float32).copy()
         st.n_samples = int(ns.value)
 
-    def _output(self, st: _TtsTrial, trial: dict, hooked: bool, stopped: bool) -> dict:
+    def _output(self, st: _TtsTrial, request: TrialRequest, hooked: bool, stopped: bool) -> dict:
         output: dict = {"frames": st.frames, "steps": st.steps, "sample_rate": self.sample_rate,
                         "samples_per_frame": self.samples_per_frame, "n_prompt_tokens": st.n_prompt}
         if stopped or st.pcm is None:
@@ -343,19 +321,9 @@ class TtsEngine:
                       window_rule_consistent=(st.n_samples == st.frames * self.samples_per_frame))
         if hooked:
             output["code2wav_measured"] = measured_code2wav_steps(st.steps)
-        if trial.get("wav_out"):
-            output["wav"] = str(X.write_wav16(Path(trial["wav_out"]), st.pcm, self.sample_rate))
+        if request.wav_out:
+            output["wav"] = str(X.write_wav16(Path(request.wav_out), st.pcm, self.sample_rate))
         return output
-
-    # ------------------------------------------------------------------ teardown
-
-    def close(self) -> None:
-        for hooked in list(getattr(self, "_gen", {})):
-            M.mtmd_helper_gen_audio_free(self._gen.pop(hooked))
-        for hooked in list(getattr(self, "_mctx", {})):
-            M.mtmd_free(self._mctx.pop(hooked))
-        release(self, ("ctx", llama_cpp.llama_free), ("model", llama_cpp.llama_model_free))
-        self.graph_token = None  # not ours to free: a trial's token (the agent's, usually)
 
 
 def measured_code2wav_steps(steps: list[dict]) -> list[int] | None:

@@ -1,0 +1,173 @@
+"""The trial contract: the driver stays free of native code, every setting that
+shapes a trial is a column of its record, offsets run from one origin for both
+deliveries, and diff refuses to compare different experiments."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+from cancelbench.device_agents.engines.registry import ENGINES, MECHANISMS
+from cancelbench.orchestrator.config import OffsetSpec, SweepConfig, WorkloadSpec
+from cancelbench.orchestrator.runner import run_sweep
+from cancelbench.schema import AGENT_COLUMNS, DRIVER_COLUMNS, FIELDS, GROUPS, SETTINGS_COLUMNS, columns_of
+from cancelbench.sink import read_records
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_driver_imports_no_native_or_engine_code():
+    """Planning and preparing a sweep on the driver loads neither the cancel-token
+    library nor llama.cpp: a driver host needs no C compiler and no llama.cpp."""
+    code = (
+        "import sys\n"
+        "import cancelbench.cli, cancelbench.orchestrator.runner, cancelbench.orchestrator.device_run\n"
+        "from cancelbench.orchestrator.config import SweepConfig\n"
+        "from cancelbench.orchestrator.plan import build_plan\n"
+        "from cancelbench.orchestrator import cluster\n"
+        "cluster.remote_agent_class()\n"
+        "build_plan(SweepConfig(), ['h/cpu:0'], {'text-prefill': ['a', 'b']})\n"
+        "bad = sorted(m for m in sys.modules if m == 'llama_cpp' or m.startswith(('cancelbench.native', "
+        "'cancelbench.device_agents.engines.text', 'cancelbench.device_agents.engines.llama')))\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_every_column_has_a_group_and_an_owner_and_the_halves_cover_the_record():
+    assert {c.group for c in FIELDS} == set(GROUPS)
+    derived = set(columns_of("derived"))
+    assert AGENT_COLUMNS | DRIVER_COLUMNS | derived == {c.name for c in FIELDS}
+    assert not derived & (AGENT_COLUMNS | DRIVER_COLUMNS)
+    # the settings the issue names are columns, so two sweeps that differ in them diff as different
+    for name in ("graph_slice_us", "prompt_tokens", "max_frames", "temp", "top_k", "sampling_seed",
+                 "offset_max_fraction", "offset_min_per_phase", "offset_fixed_ms_json", "n_threads", "model_sha256"):
+        assert name in SETTINGS_COLUMNS, name
+
+
+def test_mechanisms_are_objects_read_by_their_flags():
+    assert set(MECHANISMS) == {"between_calls", "abort_callback", "chunked", "graph_eval"}
+    g = MECHANISMS["graph_eval"]
+    # graph_eval is the eval reader on every graph, and nothing else, in every engine
+    assert g.eval_hook and not g.abort_callback and not g.chunked
+    assert MECHANISMS["abort_callback"].abort_callback and not MECHANISMS["abort_callback"].eval_hook
+    assert MECHANISMS["chunked"].prompt_step(256, 32) == 32 and g.prompt_step(256, 32) == 256
+    for spec in ENGINES.values():
+        assert set(spec.mechanisms) <= set(MECHANISMS)
+
+
+TEXT = WorkloadSpec(name="text-slice", model="fixture:text-llama-57m", prompt_tokens=48, max_tokens=3,
+                    n_batch=64, chunk_tokens=16, graph_slice_us=700)
+TTS = WorkloadSpec(name="tts-sampling", engine="tts", model="fixture:qwen3tts-fixture",
+                   mmproj="fixture:qwen3tts-fixture", inputs="tts_texts", n_threads=1, n_batch=16, chunk_tokens=4,
+                   extra={"max_frames": 2, "temp": 0.7, "top_k": 17, "seed": 4242})
+
+
+def test_records_carry_every_setting_and_offsets_run_from_the_hand_back(local_ray, tmp_path):
+    cfg = SweepConfig(seed=3, trials_per_cell=3, reference_runs=3, mechanisms=("graph_eval",),
+                      deliveries=("driver", "agent"), offsets=OffsetSpec(plan="uniform", max_fraction=0.6),
+                      workloads=(TEXT, TTS), ping_samples=5)
+    out = tmp_path / "settings"
+    result = run_sweep(cfg, out, progress=False)
+    assert result.written == 2 * (3 + 2 * 3)
+    df = read_records(out)
+    text, tts = df[df.workload == "text-slice"], df[df.workload == "tts-sampling"]
+    assert len(text) == len(tts) == 9
+    assert set(text.graph_slice_us) == {700} and set(text.prompt_tokens) == {48}
+    assert set(text.n_batch) == {64} and set(text.chunk_tokens) == {16}
+    assert set(tts.max_frames) == {2} and set(tts.temp) == {0.7} and set(tts.top_k) == {17}
+    assert set(tts.sampling_seed) == {4242}
+    assert tts.prompt_tokens.isna().all()  # a text-only setting is no column of a tts trial
+    assert set(text.model) == {"text-llama-57m"} and text.mmproj.isna().all()
+    assert set(tts.model) == set(tts.mmproj) == {"qwen3tts-fixture"}
+    assert df.model_sha256.str.fullmatch(r"[0-9a-f]{64}").all()
+    cancels, refs = df[df.trial_kind == "cancel"], df[df.trial_kind == "reference"]
+    assert set(cancels.offset_max_fraction) == {0.6} and refs.offset_max_fraction.isna().all()
+    assert set(df.reference_runs) == {3}
+    assert set(refs.delivery) == set(refs.offset_plan) == {"none"}
+    # One origin for both deliveries: the cancel was due at hand-back + the planned offset.
+    due = (cancels.t_cancel_scheduled_ns - cancels.t_handback_ns) / 1e6
+    assert len(cancels) == 12 and set(cancels.delivery) == {"driver", "agent"}
+    assert ((due - cancels.offset_target_ms).abs() < 1e-3).all(), (due - cancels.offset_target_ms).tolist()
+    driver = cancels[cancels.delivery == "driver"]
+    # the driver learned of the hand-back after it happened (within the clock conversion's bound)
+    assert (driver.t_anchor_seen_ns >= driver.t_handback_ns - driver.clock_uncertainty_ns).all()
+    assert driver.anchor_hop_ms.notna().all() and cancels[cancels.delivery == "agent"].anchor_hop_ms.isna().all()
+
+
+def _small_sweep(tmp_path: Path, name: str, slice_us: int) -> Path:
+    toml = tmp_path / f"{name}.toml"
+    toml.write_text(f"""
+[sweep]
+seed = 1
+trials_per_cell = 3
+reference_runs = 3
+mechanisms = ["graph_eval"]
+deliveries = ["agent"]
+ping_samples = 5
+
+[[workload]]
+name = "text"
+model = "fixture:text-qwen3-14m"
+prompt_tokens = 32
+max_tokens = 2
+n_batch = 32
+graph_slice_us = {slice_us}
+""")
+    out = tmp_path / name
+    r = subprocess.run([sys.executable, "-m", "cancelbench.cli", "sweep", "--config", str(toml), "--out", str(out), "--quiet", "--no-summary"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+def test_diff_of_sweeps_differing_only_in_graph_slice_says_so(tmp_path):
+    a = _small_sweep(tmp_path, "a", 2000)
+    b = _small_sweep(tmp_path, "b", 500)
+    r = subprocess.run([sys.executable, "-m", "cancelbench.cli", "diff", str(a), str(b)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cancelbench diff: error:")
+    assert "graph_slice_us: 2000 -> 500" in lines[0] and "--ignore-setting graph_slice_us" in lines[0]
+    assert r.stdout == ""
+    # asked to, it compares: a verdict (0 or 1), with the ignored setting said in the JSON
+    r = subprocess.run([sys.executable, "-m", "cancelbench.cli", "diff", str(a), str(b), "--ignore-setting", "graph_slice_us",
+                        "--format", "json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode in (0, 1), r.stderr
+    verdict = json.loads(r.stdout)
+    assert verdict["ignore_settings"] == ["graph_slice_us"] and verdict["cells"]
+    # a setting that is no column is bad input
+    r = subprocess.run([sys.executable, "-m", "cancelbench.cli", "diff", str(a), str(b), "--ignore-setting", "colour"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "not a settings column" in r.stderr
+
+
+def test_a_schema_1_dataset_still_reads_and_diffs_against_a_schema_2_one(tmp_path):
+    """Version 1 files lack the settings columns: they read as nulls, and a setting
+    recorded on one side only is not a difference diff refuses."""
+    import pyarrow.parquet as pq
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from report_fixtures import cell_rows, write_dataset
+
+    from cancelbench.reports.diff import DiffSpec, run_diff
+    from cancelbench.reports.load import scan_table
+
+    v1_only = [c for c in SETTINGS_COLUMNS if c not in ("workload", "engine", "model", "model_sha256", "n_threads",
+                                                       "n_ctx", "n_batch", "n_ubatch", "chunk_tokens", "max_tokens",
+                                                       "n_gpu_layers")]
+    old = write_dataset(tmp_path / "v1", cell_rows("o", [2.0] * 40), schema_version=1)
+    for f in (old / "records").rglob("*.parquet"):  # rewrite as a version-1 writer left it
+        table = pq.read_table(f)
+        pq.write_table(table.drop_columns([c for c in table.column_names if c in v1_only]), f)
+    new = write_dataset(tmp_path / "v2", cell_rows("n", [2.0] * 40, graph_slice_us=2000))
+    assert "graph_slice_us" not in pq.read_schema(next((old / "records").rglob("*.parquet"))).names
+    frame = scan_table([old], ["trial_id", "latency_ms", "graph_slice_us"]).to_pandas()
+    assert len(frame) == 40 and frame.graph_slice_us.isna().all() and frame.latency_ms.notna().all()
+    result = run_diff([old], [new], DiffSpec())
+    assert result.cells and all(c.verdict != "regressed" for c in result.cells)
