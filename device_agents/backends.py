@@ -21,7 +21,7 @@ _SCRIPT = Path(__file__).resolve().parent / "ggml_devices.py"
 
 # The ggml layer's public names are part of this module's API too.
 __all__ = ["BACKENDS", "BackendDevice", "BackendProbeError", "backend_env", "devices_from_payload",
-           "llama_cpp_build_info", "llama_params_for", "parse_device_id", "probe_all_devices", "probe_devices",
+           "llama_cpp_build_info", "parse_device_id", "probe_all_devices", "probe_devices",
            "probe_devices_subprocess", "vulkan_physical_devices", "which_wheel_variant"]
 
 
@@ -64,21 +64,6 @@ def backend_env(device_id: str) -> dict[str, str]:
     if backend == "cuda":
         return {"CUDA_VISIBLE_DEVICES": str(index), "GGML_VK_VISIBLE_DEVICES": ""}
     return {}  # metal
-
-
-def llama_params_for(device_id: str) -> dict:
-    """``llama_cpp.Llama(...)`` keyword arguments for a device, given :func:`backend_env`.
-
-    With the environment restricted to one accelerator it is always ggml's device
-    0, so ``main_gpu`` is 0 and no split across devices is made.
-    """
-    backend, _ = parse_device_id(device_id)
-    split_none = 0  # LLAMA_SPLIT_MODE_NONE
-    if backend == "cpu":
-        return {"n_gpu_layers": 0, "op_offload": False, "offload_kqv": False,
-                "main_gpu": 0, "split_mode": split_none}
-    return {"n_gpu_layers": -1, "op_offload": True, "offload_kqv": True,
-            "main_gpu": 0, "split_mode": split_none}
 
 
 # --------------------------------------------------------------------------- subprocess probe

@@ -42,10 +42,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal, Mapping
 
+# The one home of the backend list (this file also runs as a stdlib-only script,
+# so it cannot import it): the registry, config and agents command import it from
+# here; the Makefile's LLAMA_VARIANT and native/build_llama_wheel.sh name the same four.
+BACKENDS: tuple[str, ...] = ("cpu", "vulkan", "metal", "cuda")
+
 BackendName = Literal["cpu", "vulkan", "metal", "cuda"]
 DeviceType = Literal["cpu", "gpu", "igpu", "accel"]
-
-BACKENDS: tuple[str, ...] = ("cpu", "vulkan", "metal", "cuda")
 
 # ggml registry name (ggml_backend_reg_name) -> our backend name.
 # Registries we do not benchmark (BLAS, RPC, ...) are left out of the probe.

@@ -156,6 +156,9 @@ def add_diff_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--map-class", action="append", default=[], metavar="BASELINE_CLASS=CANDIDATE_CLASS",
                    help="compare across device classes (platform/arch/backend/device_name), e.g. a Metal baseline "
                         "with a CPU candidate; repeatable")
+    p.add_argument("--ignore-setting", action="append", default=[], metavar="NAME",
+                   help="compare cells even though this settings column differs between the sweeps (diff refuses "
+                        "otherwise: different settings are different experiments); repeatable")
     _add_common(p)
     p.set_defaults(func=run_diff_cmd)
     return p
@@ -169,7 +172,7 @@ def run_diff_cmd(args: argparse.Namespace) -> int:
             raise ValueError("--bootstrap must be at least 100")
         spec = DiffSpec(percentile=args.percentile, rel_threshold=args.threshold, confidence=args.confidence,
                         n_boot=args.bootstrap, seed=args.seed, bound=_bound_spec(args),
-                        class_map=parse_class_map(args.map_class))
+                        class_map=parse_class_map(args.map_class), ignore_settings=tuple(args.ignore_setting))
         result = run_diff([args.baseline], [args.candidate], spec, _filters(args))
         from .html import diff_to_html
 

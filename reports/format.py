@@ -14,7 +14,7 @@ import re
 from dataclasses import replace
 
 from . import stats
-from .sections import Section, headline, sections
+from .sections import VERDICT_WORDS, Section, headline, sections
 from .tables import Report
 
 # ----------------------------------------------------------------- escape --
@@ -133,7 +133,7 @@ def markdown_document(head: list[str], secs: list[Section], truncate_order: list
 
 
 def to_markdown(report: Report, max_defects: int = 50, limit: int = MARKDOWN_LIMIT) -> str:
-    icon = {"ok": "PASS", "over_bound": "WARN", "defects": "FAIL"}[report.verdict]
+    icon = VERDICT_WORDS[report.verdict]
     head = [f"## cancelbench report: {icon}", "", md_safe(headline(report))]
     secs = sections(report, max_defects)
     compare = [s.sid for s in secs if s.sid.startswith("compare-")]

@@ -12,15 +12,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from cancelbench.schema import DEFECT_OUTCOMES  # noqa: F401 (re-exported for the reports)
 from cancelbench.sink import DatasetError, open_dataset
+
+from .tables import HOPS
 
 # Columns that group cancel rows into cells (before derivation).
 KEY_SOURCE_COLUMNS = ["workload", "phase_at_receipt", "mechanism", "delivery", "host", "backend", "device"]
 # Device identity carried for the legend and for diff's device class.
 DEVICE_COLUMNS = ["hostname", "device_name", "platform", "arch"]
 VALUE_COLUMNS = ["trial_id", "sweep_id", "outcome", "latency_ms", "cost_ratio"]
-HOP_COLUMNS = ["end_to_end_ms", "deliver_ms", "observe_ms", "return_ms", "settle_ms"]
-DEFECT_OUTCOMES = ("dropped", "lost")
+HOP_COLUMNS = ["end_to_end_ms", *HOPS]
 
 TABLE_COLUMNS = sorted(set(KEY_SOURCE_COLUMNS + DEVICE_COLUMNS + VALUE_COLUMNS + HOP_COLUMNS))
 

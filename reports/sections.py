@@ -15,7 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import stats
-from .tables import CellStats, Report
+from .tables import HOPS, CellStats, Report
+
+# The report's verdict (Report.verdict) as a person reads it, in every format.
+VERDICT_WORDS = {"ok": "PASS", "over_bound": "WARN", "defects": "FAIL"}
 
 NA = "–"  # en dash: muted in HTML, explained in the section note
 OVER = "▲"
@@ -137,7 +140,7 @@ def detail_section(report: Report) -> Section:
 def verdict_line(report: Report) -> str:
     d = report.defects
     n_dropped, n_lost = int((d["outcome"] == "dropped").sum()), int((d["outcome"] == "lost").sum())
-    word = {"ok": "PASS", "over_bound": "WARN", "defects": "FAIL"}[report.verdict]
+    word = VERDICT_WORDS[report.verdict]
     what = [f"{n_dropped} dropped cancel(s), {n_lost} lost trial(s)" if len(d) else "no dropped cancels or lost trials",
             f"{len(report.over)} cell(s) over the bound" if report.over else "every cell within the bound"]
     return f"{word}: {'; '.join(what)} ({bound_text(report.spec)}); exit {report.exit_code}"
@@ -176,7 +179,7 @@ def hops_section(report: Report) -> Section:
         ["device", "n", "end_to_end", "deliver", "observe", "return", "settle"],
         [[h.device, str(h.n), fmt_ms(h.end_to_end_mean_ms),
           *(f"{fmt_ms(h.means_ms[k])} ({h.share[k]:.0%})" if h.share[k] is not None else fmt_ms(h.means_ms[k])
-            for k in ("deliver_ms", "observe_ms", "return_ms", "settle_ms"))] for h in report.hops],
+            for k in HOPS)] for h in report.hops],
         key_columns=1, sid="hops")
 
 

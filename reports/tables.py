@@ -21,6 +21,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cancelbench.schema import DEFECT_OUTCOMES
+
 from . import stats
 
 NONE_LABEL = "(none)"
@@ -325,7 +327,7 @@ def defects_table(frame: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["outcome", "trial_id", "device", "workload", "phase", "mechanism", "delivery",
                                      "trial_kind", "sweep_id", "hostname", "error"])
     f = prepare(frame)
-    f = f[f["outcome"].isin(["dropped", "lost"])]
+    f = f[f["outcome"].isin(list(DEFECT_OUTCOMES))]
     # Plain strings, not categoricals: sorting must be by value, not by category order.
     out = pd.DataFrame({
         "outcome": f["outcome"].astype(str),

@@ -55,12 +55,13 @@ def test_backend_env():
     assert backends.backend_env("metal:0") == {}
 
 
-def test_llama_params_for():
-    cpu = backends.llama_params_for("cpu:0")
-    assert cpu["n_gpu_layers"] == 0 and cpu["op_offload"] is False
-    for dev in ("vulkan:0", "cuda:3", "metal:0"):
-        p = backends.llama_params_for(dev)
-        assert p["n_gpu_layers"] != 0 and p["main_gpu"] == 0 and p["op_offload"] is True
+def _params_for(device_id: str) -> dict:
+    """llama.cpp model/context parameters for a device, given backends.backend_env: with the
+    environment restricted to one accelerator it is ggml's device 0 and nothing is split."""
+    backend, _ = backends.parse_device_id(device_id)
+    gpu = backend != "cpu"
+    return {"n_gpu_layers": -1 if gpu else 0, "op_offload": gpu, "offload_kqv": gpu, "main_gpu": 0,
+            "split_mode": 0}  # LLAMA_SPLIT_MODE_NONE
 
 
 def test_which_wheel_variant_from_libs(tmp_path):
@@ -253,7 +254,7 @@ def run_decode(env_overlay: dict, model: Path, params: dict, reps: int = 2) -> t
 def test_lavapipe_decode_returns_before_synchronize(vulkan_site, lavapipe_index, tiny_gguf):
     dev = f"vulkan:{lavapipe_index}"
     res, log = run_decode({**vulkan_site, **backends.backend_env(dev)}, tiny_gguf,
-                          backends.llama_params_for(dev))
+                          _params_for(dev))
     assert "llvmpipe" in log  # the Vulkan device was initialised ...
     assert "offloaded" in log and "layers to GPU" in log  # ... and the layers went to it
     offload_line = next(ln for ln in log.splitlines() if "layers to GPU" in ln)
@@ -270,7 +271,7 @@ def test_vulkan_build_runs_cpu_trials_like_cpu_build(vulkan_site, tiny_gguf):
     cpu_site = _site_for("cpu")
     if cpu_site is None:
         pytest.skip(f"no CPU wheel in build/wheelhouse/{LLAMA_VERSION}-cpu to compare against")
-    env, params = backends.backend_env("cpu:0"), backends.llama_params_for("cpu:0")
+    env, params = backends.backend_env("cpu:0"), _params_for("cpu:0")
     ref, _ = run_decode({**cpu_site, **env}, tiny_gguf, params, reps=1)
     got, log = run_decode({**vulkan_site, **env}, tiny_gguf, params, reps=1)
     assert "layers to GPU" not in log or "offloaded 0/" in log

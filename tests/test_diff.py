@@ -20,6 +20,7 @@ from report_fixtures import cancel_row, cell_rows, write_dataset  # noqa: E402
 
 from cancelbench.reports.cli import main as reports_main  # noqa: E402
 from cancelbench.reports.diff import DiffInputError, DiffSpec, diff_to_markdown, run_diff  # noqa: E402
+from cancelbench.schema import SCHEMA_VERSION  # noqa: E402
 
 METAL = "darwin/arm64/metal/Apple M2"
 CPU = "linux/x86_64/cpu/AMD EPYC"
@@ -201,7 +202,7 @@ def test_bootstrap_is_seeded_and_per_cell(tmp_path):
 
 def test_bad_inputs_exit_2(tmp_path, capsys):
     good = sweep(tmp_path, "good", grid(10))
-    future = write_dataset(tmp_path / "future", cell_rows("f", [1.0]), schema_version=2)
+    future = write_dataset(tmp_path / "future", cell_rows("f", [1.0]), schema_version=SCHEMA_VERSION + 1)
     (tmp_path / "plain").mkdir()
     for argv, needle in (
         (["diff", str(future), str(good)], "newer than this cancelbench"),

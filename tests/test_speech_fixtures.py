@@ -8,6 +8,7 @@ from llama_cpp import mtmd_cpp as M
 
 from cancelbench.datasets import speech_fixtures as SF
 from cancelbench.datasets.locks import LockError, load_lock, verify_against, verify_file
+from cancelbench.device_agents import model_check
 from cancelbench.device_agents.engines import llama_runtime as rt
 from cancelbench.device_agents.engines import mtmd_ext as X
 
@@ -25,11 +26,12 @@ def test_generation_is_byte_reproducible_and_matches_the_lock(tmp_path):
 def test_headers_carry_the_real_architectures():
     paths = SF.ensure_speech_fixtures()
     tts, asr = paths["tts"], paths["asr"]
-    assert X.read_gguf_kv(tts["model"], {"general.architecture"})["general.architecture"] == "qwen3tts"
-    assert X.read_gguf_kv(asr["model"], {"general.architecture"})["general.architecture"] == "qwen3vl"
-    assert X.projector_types(tts["mmproj"]) == {"audio": "qwen3tts_spkenc", "gen_audio": "qwen3tts_gen",
-                                                "vision": None}
-    assert X.projector_types(asr["mmproj"]) == {"audio": "qwen3a", "gen_audio": None, "vision": None}
+    assert model_check.gguf_metadata(tts["model"])["general.architecture"] == "qwen3tts"
+    assert model_check.gguf_metadata(asr["model"])["general.architecture"] == "qwen3vl"
+    assert model_check.projector_types(model_check.gguf_metadata(tts["mmproj"])) == {
+        "audio": "qwen3tts_spkenc", "gen_audio": "qwen3tts_gen", "vision": None}
+    assert model_check.projector_types(model_check.gguf_metadata(asr["mmproj"])) == {
+        "audio": "qwen3a", "gen_audio": None, "vision": None}
     shapes = X.read_gguf_tensor_shapes(tts["model"])
     assert shapes["output.weight"][1] == SF.N_CODEC_VOCAB  # codec head, padded to the full vocab in-graph
     c2w = X.read_gguf_tensor_shapes(tts["mmproj"])

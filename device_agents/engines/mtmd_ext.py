@@ -21,9 +21,9 @@ module holds no new symbol declarations; it holds the glue:
   GEN_CODE call with another seed and an out-of-range ``code0`` reseeds and then
   fails the bounds check before any compute, so the next real call reseeds to
   the trial's seed: same seed, same audio.
-* :func:`read_gguf_kv` / :func:`projector_types` — read an mmproj's projector
-  types from its GGUF header (``gguf.GGUFReader``, no load), for a clear error
-  on the wrong file.
+* :func:`read_gguf_tensor_shapes` — tensor shapes from a GGUF header
+  (``gguf.GGUFReader``, no load); an mmproj's projector types are checked by
+  ``model_check`` (the driver's and the agent's one rule).
 * :func:`quiet_mtmd_logs` — route libmtmd/clip logs away from stderr.
 """
 
@@ -130,31 +130,9 @@ def _gguf_reader(path: Path):
         raise EngineInputError(f"{path} is not a readable GGUF file ({exc})") from None
 
 
-def read_gguf_kv(path: Path, wanted: set[str] | None = None) -> dict:
-    """The metadata of a GGUF file. Scalars and strings as values; an array as its
-    contents when named in ``wanted``, else as ``"<array of N>"`` (a vocabulary can
-    hold 150k strings)."""
-    from gguf import GGUFValueType
-
-    out: dict = {}
-    for key, fld in _gguf_reader(path).fields.items():
-        if wanted is not None and key not in wanted:
-            continue
-        if fld.types and fld.types[0] == GGUFValueType.ARRAY and wanted is None:
-            out[key] = f"<array of {len(fld.data)}>"
-        else:
-            out[key] = fld.contents()
-    return out
-
-
 def read_gguf_tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """{tensor name: ggml ne} from a GGUF header (no data read)."""
     return {t.name: tuple(int(x) for x in t.shape) for t in _gguf_reader(path).tensors}
-
-
-def projector_types(mmproj: Path) -> dict[str, str | None]:
-    """{"audio": ..., "gen_audio": ..., "vision": ...} projector types of an mmproj."""
-    return model_check.projector_types(read_gguf_kv(mmproj))
 
 
 def check_mmproj(mmproj: Path | None, *, engine: str) -> Path:
