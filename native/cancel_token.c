@@ -18,11 +18,7 @@
 #include <x86intrin.h>
 #endif
 
-#if defined(_WIN32)
-#define CB_EXPORT __declspec(dllexport)
-#else
 #define CB_EXPORT __attribute__((visibility("default")))
-#endif
 
 #define CB_OP_CLASSES 128  /* ggml_op values (GGML_OP_COUNT is ~95 in this ggml) */
 
