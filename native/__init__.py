@@ -1,6 +1,15 @@
 """ctypes bindings for the native cancel token (native/cancel_token.c).
 
 The shared library is built by the package build (setup.py) next to this file.
+Importing this module is side-effect free: the library is found (or compiled
+into a per-user cache) and loaded on first use, by :func:`_lib`. Environment
+read at that first load, not at import:
+
+* ``CANCELBENCH_NATIVE_LIB``: path of a prebuilt library to load instead.
+* ``CANCELBENCH_TEST_CLOCK_SKEW_NS``: test hook, a known skew (ns) added to the
+  agent clock so clock-offset estimation can be checked; set it before the
+  process's first native call.
+
 Every agent-side timestamp goes through :func:`now_ns` so that Python and
 native times share one clock domain (CLOCK_MONOTONIC on the agent's host).
 """
@@ -10,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import importlib.machinery
 import os
+import threading
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
@@ -114,28 +124,47 @@ def _load() -> ctypes.CDLL:
     lib.cb_token_reader.argtypes = [p]
     lib.cb_probe_busy.restype = ctypes.c_int
     lib.cb_probe_busy.argtypes = [p, i64, i64, ctypes.POINTER(i64), ctypes.POINTER(i64)]
+    # Test hook: a known agent-clock skew (ns), so clock-offset estimation can be checked.
+    skew = os.environ.get("CANCELBENCH_TEST_CLOCK_SKEW_NS")
+    if skew:
+        lib.cb_set_clock_skew_ns(int(skew))
     return lib
 
 
-_lib = _load()
-# Test hook: a known agent-clock skew (ns), so clock-offset estimation can be checked.
-if os.environ.get("CANCELBENCH_TEST_CLOCK_SKEW_NS"):
-    _lib.cb_set_clock_skew_ns(int(os.environ["CANCELBENCH_TEST_CLOCK_SKEW_NS"]))
+_LIB: ctypes.CDLL | None = None
+_LOAD_LOCK = threading.Lock()
+
+
+def _lib() -> ctypes.CDLL:
+    """The loaded library: found, compiled if need be, and loaded on the first call, once."""
+    global _LIB
+    lib = _LIB
+    if lib is None:
+        with _LOAD_LOCK:
+            if _LIB is None:
+                _LIB = _load()
+            lib = _LIB
+    return lib
+
+
+def loaded() -> bool:
+    """Whether this process has loaded the native library yet."""
+    return _LIB is not None
 
 
 def now_ns() -> int:
     """Agent clock: CLOCK_MONOTONIC in ns, the same clock the token stamps use."""
-    return _lib.cb_now_ns()
+    return _lib().cb_now_ns()
 
 
 def reader_address() -> int:
     """Address of ``bool cb_token_reader(void *token)`` for llama_set_abort_callback."""
-    return ctypes.cast(_lib.cb_token_reader, ctypes.c_void_p).value
+    return ctypes.cast(_lib().cb_token_reader, ctypes.c_void_p).value
 
 
 def eval_reader_address() -> int:
     """Address of ``bool cb_token_eval_reader(ggml_tensor *, bool ask, void *token)``."""
-    return ctypes.cast(_lib.cb_token_eval_reader, ctypes.c_void_p).value
+    return ctypes.cast(_lib().cb_token_eval_reader, ctypes.c_void_p).value
 
 
 def calibrate_eval_reader(a: int, b: int, mm: int, k: int, m: int, n: int) -> bool:
@@ -143,25 +172,25 @@ def calibrate_eval_reader(a: int, b: int, mm: int, k: int, m: int, n: int) -> bo
     from three real tensors of the loaded ggml: a [k, m] (ggml_set_input), b [k, n],
     mm = ggml_mul_mat(a, b) (ggml_set_output).
     Until this succeeds the reader weighs every node alike."""
-    return bool(_lib.cb_eval_calibrate(a, b, mm, k, m, n))
+    return bool(_lib().cb_eval_calibrate(a, b, mm, k, m, n))
 
 
 def calibrate_eval_reader_flash_attn(q: int, k: int, fa: int) -> bool:
     """After :func:`calibrate_eval_reader`: fa = ggml_flash_attn_ext(q, k, v, ...) teaches the
     reader the attention op, so it weighs n_kv multiply-adds per output element."""
-    return bool(_lib.cb_eval_calibrate_flash_attn(q, k, fa))
+    return bool(_lib().cb_eval_calibrate_flash_attn(q, k, fa))
 
 
 def node_work(tensor: int) -> float:
     """The eval reader's work estimate of one ggml tensor (1.0 when not calibrated)."""
-    return _lib.cb_node_work(tensor)
+    return _lib().cb_node_work(tensor)
 
 
 class CancelToken:
     """One atomic cancel byte plus first-seen time and poll counter, owned natively."""
 
     def __init__(self) -> None:
-        self._ptr = _lib.cb_token_new()
+        self._ptr = _lib().cb_token_new()
         if not self._ptr:
             raise MemoryError("cb_token_new failed")
 
@@ -171,59 +200,59 @@ class CancelToken:
 
     def set(self) -> int:
         """Set the flag; returns the (first) set time in agent ns."""
-        return _lib.cb_token_set(self._ptr)
+        return _lib().cb_token_set(self._ptr)
 
     def reset(self) -> None:
-        _lib.cb_token_reset(self._ptr)
+        _lib().cb_token_reset(self._ptr)
 
     def is_set(self) -> bool:
-        return bool(_lib.cb_token_is_set(self._ptr))
+        return bool(_lib().cb_token_is_set(self._ptr))
 
     @property
     def set_ns(self) -> int:
-        return _lib.cb_token_set_ns(self._ptr)
+        return _lib().cb_token_set_ns(self._ptr)
 
     @property
     def seen_ns(self) -> int:
         """First time a native reader saw the flag set (0 = never seen natively)."""
-        return _lib.cb_token_seen_ns(self._ptr)
+        return _lib().cb_token_seen_ns(self._ptr)
 
     @property
     def polls(self) -> int:
         """Abort-reader calls plus graph nodes the eval reader was asked about."""
-        return _lib.cb_token_polls(self._ptr)
+        return _lib().cb_token_polls(self._ptr)
 
     @property
     def slice_us(self) -> float:
         """The eval reader's slice (0 = sync after every graph node)."""
-        return _lib.cb_token_slice_ns(self._ptr) / 1e3
+        return _lib().cb_token_slice_ns(self._ptr) / 1e3
 
     def set_slice_us(self, slice_us: float) -> None:
         """Set the eval reader's slice; forgets the learned node cost. Not while a graph runs."""
-        _lib.cb_token_set_slice_ns(self._ptr, int(round(float(slice_us) * 1e3)))
+        _lib().cb_token_set_slice_ns(self._ptr, int(round(float(slice_us) * 1e3)))
 
     @property
     def syncs(self) -> int:
         """Node ranges the eval reader asked to see (each computed, then synchronized)."""
-        return _lib.cb_token_syncs(self._ptr)
+        return _lib().cb_token_syncs(self._ptr)
 
     @property
     def max_range_ns(self) -> int:
         """Longest eval-reader range: its first node asked -> synchronized (slice 0: one node)."""
-        return _lib.cb_token_max_range_ns(self._ptr)
+        return _lib().cb_token_max_range_ns(self._ptr)
 
     @property
     def ns_per_work(self) -> float:
         """The eval reader's learned cost of one unit of node work (ns; 0 = not learned yet)."""
-        return _lib.cb_token_ns_per_work(self._ptr)
+        return _lib().cb_token_ns_per_work(self._ptr)
 
     def read(self) -> bool:
         """Call the native reader once (counts as a poll, stamps seen_ns)."""
-        return bool(_lib.cb_token_reader(self._ptr))
+        return bool(_lib().cb_token_reader(self._ptr))
 
     def close(self) -> None:
         if self._ptr:
-            _lib.cb_token_free(self._ptr)
+            _lib().cb_token_free(self._ptr)
             self._ptr = None
 
     def __del__(self) -> None:  # pragma: no cover - interpreter teardown order
@@ -241,7 +270,7 @@ def probe_busy(token: CancelToken, duration_us: int, period_us: int) -> tuple[bo
     """
     start = ctypes.c_int64(0)
     end = ctypes.c_int64(0)
-    aborted = _lib.cb_probe_busy(token.address, int(duration_us), int(period_us),
+    aborted = _lib().cb_probe_busy(token.address, int(duration_us), int(period_us),
                                  ctypes.byref(start), ctypes.byref(end))
     return bool(aborted), start.value, end.value
 
