@@ -13,6 +13,7 @@ setup(
         Extension(
             "cancelbench.native._cancelbench_native",
             sources=["native/cancel_token.c"],
+            depends=["native/cancel_token.h"],
             extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"],
         )
     ],

@@ -1,5 +1,8 @@
 """ctypes bindings for the native cancel token (native/cancel_token.c).
 
+The C interface is declared in native/cancel_token.h; :data:`SIGNATURES` is
+its ctypes mirror, checked against the header by tests/test_native_interface.py.
+
 The shared library is built by the package build (setup.py) next to this file.
 Importing this module is side-effect free: the library is found (or compiled
 into a per-user cache) and loaded on first use, by :func:`_lib`. Environment
@@ -24,9 +27,36 @@ from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 LIB_BASENAME = "_cancelbench_native"
+SOURCES = ("cancel_token.c", "cancel_token.h")
 # graph_eval: the eval reader synchronizes the backend about this often (see
 # cb_token_eval_reader); 0 = after every graph node. Workload key graph_slice_us.
 DEFAULT_GRAPH_SLICE_US = 2000
+
+_P, _I64, _U64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64
+# (name, restype, argtypes) of every function cancel_token.h declares, in its order.
+SIGNATURES: tuple[tuple[str, type | None, tuple[type, ...]], ...] = (
+    ("cb_set_clock_skew_ns", None, (_I64,)),
+    ("cb_now_ns", _I64, ()),
+    ("cb_token_new", _P, ()),
+    ("cb_token_free", None, (_P,)),
+    ("cb_token_reset", None, (_P,)),
+    ("cb_token_set", _I64, (_P,)),
+    ("cb_token_is_set", ctypes.c_bool, (_P,)),
+    ("cb_token_set_ns", _I64, (_P,)),
+    ("cb_token_seen_ns", _I64, (_P,)),
+    ("cb_token_polls", _U64, (_P,)),
+    ("cb_token_reader", ctypes.c_bool, (_P,)),
+    ("cb_token_eval_reader", ctypes.c_bool, (_P, ctypes.c_bool, _P)),
+    ("cb_token_set_slice_ns", None, (_P, _I64)),
+    ("cb_token_slice_ns", _I64, (_P,)),
+    ("cb_token_syncs", _U64, (_P,)),
+    ("cb_token_max_range_ns", _I64, (_P,)),
+    ("cb_token_ns_per_work", ctypes.c_double, (_P,)),
+    ("cb_eval_calibrate", ctypes.c_int, (_P, _P, _P, _I64, _I64, _I64)),
+    ("cb_eval_calibrate_flash_attn", ctypes.c_int, (_P, _P, _P)),
+    ("cb_node_work", ctypes.c_double, (_P,)),
+    ("cb_probe_busy", ctypes.c_int, (_P, _I64, _I64, ctypes.POINTER(_I64), ctypes.POINTER(_I64))),
+)
 
 
 class NativeLibraryMissing(RuntimeError):
@@ -53,9 +83,10 @@ def _compile_into_cache() -> Path:
     import sys
 
     source = _HERE / "cancel_token.c"
-    if not source.exists():
-        raise NativeLibraryMissing(f"neither the compiled library nor {source} is available")
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    missing = [name for name in SOURCES if not (_HERE / name).exists()]
+    if missing:
+        raise NativeLibraryMissing(f"neither the compiled library nor {', '.join(missing)} in {_HERE} is available")
+    digest = hashlib.sha256(b"".join((_HERE / name).read_bytes() for name in SOURCES)).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cancelbench"
     target = cache / f"{LIB_BASENAME}-{digest}{'.dylib' if sys.platform == 'darwin' else '.so'}"
     if target.exists():
@@ -83,47 +114,10 @@ def _find_library() -> Path:
 
 def _load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(_find_library()))
-    p = ctypes.c_void_p
-    i64 = ctypes.c_int64
-    lib.cb_now_ns.restype = i64
-    lib.cb_now_ns.argtypes = []
-    lib.cb_set_clock_skew_ns.restype = None
-    lib.cb_set_clock_skew_ns.argtypes = [i64]
-    lib.cb_token_new.restype = p
-    lib.cb_token_new.argtypes = []
-    lib.cb_token_free.restype = None
-    lib.cb_token_free.argtypes = [p]
-    lib.cb_token_reset.restype = None
-    lib.cb_token_reset.argtypes = [p]
-    lib.cb_token_set.restype = i64
-    lib.cb_token_set.argtypes = [p]
-    lib.cb_token_is_set.restype = ctypes.c_bool
-    lib.cb_token_is_set.argtypes = [p]
-    lib.cb_token_set_ns.restype = i64
-    lib.cb_token_set_ns.argtypes = [p]
-    lib.cb_token_seen_ns.restype = i64
-    lib.cb_token_seen_ns.argtypes = [p]
-    lib.cb_token_polls.restype = ctypes.c_uint64
-    lib.cb_token_polls.argtypes = [p]
-    lib.cb_token_reader.restype = ctypes.c_bool
-    for name in ("cb_token_max_range_ns", "cb_token_slice_ns"):
-        getattr(lib, name).restype = i64
-        getattr(lib, name).argtypes = [p]
-    lib.cb_token_ns_per_work.restype = ctypes.c_double
-    lib.cb_token_ns_per_work.argtypes = [p]
-    lib.cb_node_work.restype = ctypes.c_double
-    lib.cb_node_work.argtypes = [p]
-    lib.cb_eval_calibrate.restype = ctypes.c_int
-    lib.cb_eval_calibrate.argtypes = [p, p, p, i64, i64, i64]
-    lib.cb_eval_calibrate_flash_attn.restype = ctypes.c_int
-    lib.cb_eval_calibrate_flash_attn.argtypes = [p, p, p]
-    lib.cb_token_syncs.restype = ctypes.c_uint64
-    lib.cb_token_syncs.argtypes = [p]
-    lib.cb_token_set_slice_ns.restype = None
-    lib.cb_token_set_slice_ns.argtypes = [p, i64]
-    lib.cb_token_reader.argtypes = [p]
-    lib.cb_probe_busy.restype = ctypes.c_int
-    lib.cb_probe_busy.argtypes = [p, i64, i64, ctypes.POINTER(i64), ctypes.POINTER(i64)]
+    for name, restype, argtypes in SIGNATURES:
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = list(argtypes)
     # Test hook: a known agent-clock skew (ns), so clock-offset estimation can be checked.
     skew = os.environ.get("CANCELBENCH_TEST_CLOCK_SKEW_NS")
     if skew:

@@ -1,5 +1,7 @@
 /*
- * cancelbench native cancel token.
+ * cancelbench native cancel token. The exported interface, with the threads
+ * each function may be called from, is declared and documented in
+ * cancel_token.h.
  *
  * The token's first byte is the cancel flag, so a plain `uint8_t *` reader
  * (the shape llamadart and other bindings use) can read the same memory.
@@ -9,6 +11,8 @@
  * Every agent-side timestamp comes from cb_now_ns(), so the time a reader
  * first saw the flag and the Python-side timestamps share one clock domain.
  */
+#include "cancel_token.h"
+
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -18,11 +22,9 @@
 #include <x86intrin.h>
 #endif
 
-#define CB_EXPORT __attribute__((visibility("default")))
-
 #define CB_OP_CLASSES 128  /* ggml_op values (GGML_OP_COUNT is ~95 in this ggml) */
 
-typedef struct cb_token {
+struct cb_token {
     _Atomic uint8_t flag;      /* offset 0: non-zero means abort */
     _Atomic int64_t set_ns;    /* when cb_token_set stored the flag */
     _Atomic int64_t seen_ns;   /* first time a reader saw the flag set; 0 = never */
@@ -40,7 +42,7 @@ typedef struct cb_token {
     float op_scale[CB_OP_CLASSES]; /* learned cost of an op per unit of work, relative; 0 = not seen */
     int32_t probe_op;          /* op class of a first-seen node that ended the current range; -1 none */
     double probe_work;         /* that node's work */
-} cb_token;
+};
 
 /* A constant added to the agent clock. Zero in production; tests set it to
  * inject a known skew between agent and driver clocks (clock-offset check). */
@@ -249,9 +251,9 @@ static double cb_node_work_class(const void *t, int *cls) {
     return w + CB_NODE_WORK;
 }
 
-CB_EXPORT double cb_node_work(const void *t) {
+CB_EXPORT double cb_node_work(const void *tensor) {
     int cls;
-    return cb_node_work_class(t, &cls);
+    return cb_node_work_class(tensor, &cls);
 }
 
 /* Asks of one range come back to back (the scheduler asks node after node

@@ -1,8 +1,19 @@
-"""The native interface: importing cancelbench.native loads nothing until first use."""
+"""The native interface: cancel_token.h against its definitions and its ctypes mirror,
+and import without side effects.
+
+The header is parsed with a small regex parser rather than pycparser: the header
+is ours and written one ``CB_EXPORT <type> <name>(<params>);`` per declaration,
+while pycparser would need a preprocessor and fake libc headers for
+<stdint.h>/<stdbool.h> (and a new test dependency). The parser refuses a
+``CB_EXPORT`` it cannot read, so a declaration written another way fails here
+instead of slipping past the check.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -11,6 +22,98 @@ from pathlib import Path
 import pytest
 
 from cancelbench import native
+
+NATIVE_DIR = Path(native.__file__).resolve().parent
+HEADER = NATIVE_DIR / "cancel_token.h"
+SOURCE = NATIVE_DIR / "cancel_token.c"
+
+_DECL = re.compile(r"CB_EXPORT\s+(?P<ret>[\w\s]+?\**)\s*(?P<name>cb_\w+)\s*\((?P<params>[^)]*)\)\s*;")
+_DEF = re.compile(r"^CB_EXPORT\s+[\w\s]+?\**\s*(?P<name>cb_\w+)\s*\(", re.M)
+
+# C spellings in cancel_token.h -> the ctypes type the bindings must use.
+_SCALARS = {"void": None, "bool": ctypes.c_bool, "int": ctypes.c_int, "int64_t": ctypes.c_int64,
+            "uint64_t": ctypes.c_uint64, "double": ctypes.c_double}
+_POINTERS = {"void": ctypes.c_void_p, "cb_token": ctypes.c_void_p, "int64_t": ctypes.POINTER(ctypes.c_int64)}
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", " ", text, flags=re.S))
+
+
+def _ctype(spelling: str):
+    """'const cb_token *' -> c_void_p; 'int64_t' -> c_int64; an unknown spelling fails."""
+    words = spelling.replace("*", " * ").split()
+    words = [w for w in words if w != "const"]
+    stars = words.count("*")
+    base = " ".join(w for w in words if w != "*")
+    table = {0: _SCALARS, 1: _POINTERS}.get(stars, {})
+    assert base in table, f"no ctypes mapping for C type {spelling!r}: extend the test's tables"
+    return table[base]
+
+
+def _param_type(param: str) -> str:
+    """'const cb_token *t' -> 'const cb_token *' (every parameter is named in the header)."""
+    m = re.fullmatch(r"(.*?)(\w+)", param.strip(), re.S)
+    assert m and m.group(1).strip(), f"unnamed or unreadable parameter {param!r}"
+    return m.group(1)
+
+
+def parse_header(text: str) -> dict[str, tuple]:
+    """{name: (restype, argtypes)} of every CB_EXPORT declaration, as ctypes types."""
+    body = "\n".join(line for line in _strip_comments(text).splitlines() if not line.lstrip().startswith("#"))
+    decls = list(_DECL.finditer(body))
+    assert len(decls) == body.count("CB_EXPORT"), "a CB_EXPORT declaration the test's parser cannot read"
+    out = {}
+    for d in decls:
+        params = d["params"].strip()
+        args = () if params == "void" else tuple(_ctype(_param_type(p)) for p in params.split(","))
+        assert d["name"] not in out, f"{d['name']} declared twice"
+        out[d["name"]] = (_ctype(d["ret"]), args)
+    return out
+
+
+@pytest.fixture(scope="module")
+def header() -> dict[str, tuple]:
+    return parse_header(HEADER.read_text())
+
+
+def test_the_parser_reads_the_c_spellings_it_meets():
+    parsed = parse_header("CB_EXPORT const cb_token *cb_a(void);\n#define CB_EXPORT x\n"
+                          "/* CB_EXPORT int cb_comment(void); */\n"
+                          "CB_EXPORT int cb_b(const void *x, int64_t n,\n  int64_t *out);")
+    assert parsed == {"cb_a": (ctypes.c_void_p, ()),
+                      "cb_b": (ctypes.c_int, (ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)))}
+    with pytest.raises(AssertionError, match="cannot read"):
+        parse_header("CB_EXPORT int (*cb_fn(void))(void);")
+
+
+def test_the_header_declares_every_exported_definition(header):
+    """A CB_EXPORT function defined in cancel_token.c but not declared in the header is
+    exported without a contract (the compiler checks the types of those declared)."""
+    defined = set(_DEF.findall(_strip_comments(SOURCE.read_text())))
+    assert '#include "cancel_token.h"' in SOURCE.read_text()
+    assert defined == set(header), {"not declared": defined - set(header), "not defined": set(header) - defined}
+
+
+def test_ctypes_signatures_match_the_header(header):
+    """native.SIGNATURES (what _load applies) declares exactly the header's functions, with
+    the ctypes types of their C types: a wrong width or signedness (polls as int64), a
+    missing argument, or a function only one side knows fails here."""
+    table = {name: (restype, tuple(argtypes)) for name, restype, argtypes in native.SIGNATURES}
+    assert len(table) == len(native.SIGNATURES), "a function listed twice in native.SIGNATURES"
+    assert set(table) == set(header), {"header only": set(header) - set(table), "ctypes only": set(table) - set(header)}
+    for name, (restype, argtypes) in header.items():
+        assert table[name] == (restype, argtypes), f"{name}: ctypes {table[name]} != header {(restype, argtypes)}"
+
+
+def test_the_loaded_library_has_every_declaration_applied(header):
+    """_load applies the table to the real library: each header function exists in it
+    (a stale prebuilt library fails here) and carries the header's types."""
+    lib = native._lib()
+    for name, (restype, argtypes) in header.items():
+        fn = getattr(lib, name)
+        assert fn.restype == restype, name
+        assert tuple(fn.argtypes) == argtypes, name
 
 
 def _python(script: str, **env: str) -> subprocess.CompletedProcess:
