@@ -49,6 +49,7 @@ SIGNATURES: tuple[tuple[str, type | None, tuple[type, ...]], ...] = (
     ("cb_token_eval_reader", ctypes.c_bool, (_P, ctypes.c_bool, _P)),
     ("cb_token_set_slice_ns", None, (_P, _I64)),
     ("cb_token_slice_ns", _I64, (_P,)),
+    ("cb_token_forget_costs", None, (_P,)),
     ("cb_token_syncs", _U64, (_P,)),
     ("cb_token_max_range_ns", _I64, (_P,)),
     ("cb_token_ns_per_work", ctypes.c_double, (_P,)),
@@ -197,6 +198,9 @@ class CancelToken:
         return _lib().cb_token_set(self._ptr)
 
     def reset(self) -> None:
+        """Clear the trial state (flag, stamps, polls, syncs, max range); keep the slice and
+        the learned costs. Between trials, never while a native call polls the token, and
+        serialized with :meth:`set` (cancel_token.h, the reset contract)."""
         _lib().cb_token_reset(self._ptr)
 
     def is_set(self) -> bool:
@@ -222,8 +226,14 @@ class CancelToken:
         return _lib().cb_token_slice_ns(self._ptr) / 1e3
 
     def set_slice_us(self, slice_us: float) -> None:
-        """Set the eval reader's slice; forgets the learned node cost. Not while a graph runs."""
+        """Set the eval reader's slice; forgets the learned costs. Not while a graph runs."""
         _lib().cb_token_set_slice_ns(self._ptr, int(round(float(slice_us) * 1e3)))
+
+    def forget_costs(self) -> None:
+        """Forget what the eval reader learned about the model it polled (cost per unit of
+        work, per-op scales), keeping the slice. Call when this token becomes the eval
+        reader's user data of a new model/context. Not while a graph runs."""
+        _lib().cb_token_forget_costs(self._ptr)
 
     @property
     def syncs(self) -> int:

@@ -1,7 +1,7 @@
 /*
  * cancelbench native cancel token. The exported interface, with the threads
- * each function may be called from, is declared and documented in
- * cancel_token.h.
+ * each function may be called from and the token-reset contract, is declared
+ * and documented in cancel_token.h.
  *
  * The token's first byte is the cancel flag, so a plain `uint8_t *` reader
  * (the shape llamadart and other bindings use) can read the same memory.
@@ -34,7 +34,8 @@ struct cb_token {
     _Atomic uint64_t syncs;        /* node ranges the reader asked to see (each one computed + synchronized) */
     _Atomic int64_t max_range_ns;  /* longest such range: first node asked -> range synchronized */
     _Atomic double ns_per_work;    /* learned cost of one unit of node work incl. sync share (EMA) */
-    /* eval reader state, touched only by the thread running the graph */
+    /* eval reader state, touched only by the thread running the graph (and by
+     * reset / forget_costs / set_slice_ns, between graphs) */
     int64_t range_start_ns;    /* when the first node of the current range was asked */
     uint64_t last_ask_ticks;   /* when the last node was asked (cb_ticks) */
     uint32_t range_nodes;      /* nodes asked in the current range */
@@ -67,7 +68,11 @@ CB_EXPORT cb_token *cb_token_new(void) {
 
 CB_EXPORT void cb_token_free(cb_token *t) { free(t); }
 
-/* Clears the flag, stamps and counters; keeps the slice and the learned node cost. */
+/* Token reset contract (full text in cancel_token.h): the trial thread calls it
+ * between trials, never while a native call polls the token, serialized with
+ * cb_token_set. Clears the flag, set/seen stamps, polls, syncs, max_range_ns and
+ * the current eval-reader range; keeps the slice and the learned costs
+ * (ns_per_work, op_scale), which cb_token_forget_costs clears. */
 CB_EXPORT void cb_token_reset(cb_token *t) {
     atomic_store_explicit(&t->flag, 0, memory_order_relaxed);
     atomic_store_explicit(&t->set_ns, 0, memory_order_relaxed);
@@ -146,15 +151,23 @@ CB_EXPORT int64_t cb_token_slice_ns(const cb_token *t) {
     return atomic_load_explicit(&((cb_token *)t)->slice_ns, memory_order_relaxed);
 }
 
-/* Sets the eval reader's slice (0 = sync after every node) and forgets the
- * learned cost. Call between graphs, not while one runs. */
-CB_EXPORT void cb_token_set_slice_ns(cb_token *t, int64_t slice_ns) {
-    atomic_store_explicit(&t->slice_ns, slice_ns > 0 ? slice_ns : 0, memory_order_relaxed);
+/* What the eval reader learned about the model it polled: the cost per unit of
+ * work and the per-op scales; the current range goes with them. Between graphs. */
+CB_EXPORT void cb_token_forget_costs(cb_token *t) {
     atomic_store_explicit(&t->ns_per_work, 0.0, memory_order_relaxed);
     t->range_nodes = 0;
     t->range_work = 0.0;
     t->probe_op = -1;
+    t->probe_work = 0.0;
     for (int i = 0; i < CB_OP_CLASSES; i++) t->op_scale[i] = 0.0f;
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+/* Sets the eval reader's slice (0 = sync after every node) and forgets the
+ * learned costs: they were learned for ranges of the old slice. Between graphs. */
+CB_EXPORT void cb_token_set_slice_ns(cb_token *t, int64_t slice_ns) {
+    atomic_store_explicit(&t->slice_ns, slice_ns > 0 ? slice_ns : 0, memory_order_relaxed);
+    cb_token_forget_costs(t);
 }
 
 /*

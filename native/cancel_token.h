@@ -18,6 +18,25 @@
  *   - "between graphs": no native call that polls the token (abort reader or
  *     eval reader) is in flight; in cancelbench, the trial thread before or
  *     after a trial's native calls.
+ *
+ * Token reset contract (cb_token_reset):
+ *   Who:   the trial thread (the agent before each trial; CancelControl when it
+ *          moves a trial to the token a hooked context polls).
+ *   When:  between trials, never while a native call polls the token, and
+ *          serialized with cb_token_set by the caller (a set racing a reset
+ *          can be lost; cancelbench holds the control's lock across both).
+ *   Clears (trial state): the flag, set_ns, seen_ns, polls, syncs,
+ *          max_range_ns, and the eval reader's current range (its start,
+ *          nodes, work, and any op being probed).
+ *   Keeps (configuration and what was learned about the model):
+ *          the slice (cb_token_set_slice_ns), the learned cost per unit of
+ *          work (ns_per_work) and the learned per-op scales. These describe
+ *          the model, backend and slice, not a trial; re-learning them every
+ *          trial would make each trial's first ranges probes. They are
+ *          forgotten by cb_token_forget_costs (call it when the token is bound
+ *          to a new model/context) and by cb_token_set_slice_ns.
+ *   The process-wide tensor layout from cb_eval_calibrate* belongs to the
+ *   loaded ggml, not to a token or a model, and is never cleared.
  */
 #ifndef CANCELBENCH_CANCEL_TOKEN_H
 #define CANCELBENCH_CANCEL_TOKEN_H
@@ -57,9 +76,9 @@ CB_EXPORT cb_token *cb_token_new(void);
  * that hold it as callback user data are freed or never run again). */
 CB_EXPORT void cb_token_free(cb_token *t);
 
-/* Clears the flag, stamps and counters; keeps the slice and the learned node
- * cost. The trial thread, between trials; never while a native call polls the
- * token. */
+/* Clears the trial state, keeps slice and learned costs (see the reset
+ * contract above). The trial thread, between trials; never while a native
+ * call polls the token. */
 CB_EXPORT void cb_token_reset(cb_token *t);
 
 /* Sets the flag; returns the set time (ns). A second set keeps the first
@@ -97,11 +116,19 @@ CB_EXPORT bool cb_token_eval_reader(void *tensor, bool ask, void *data);
 /* --- eval reader configuration and what it learned --------------------- */
 
 /* Sets the target time between the eval reader's syncs (ns; 0 or less = sync
- * after every node) and forgets the learned costs. Between graphs. */
+ * after every node) and forgets the learned costs (cb_token_forget_costs).
+ * Between graphs. */
 CB_EXPORT void cb_token_set_slice_ns(cb_token *t, int64_t slice_ns);
 
 /* The eval reader's slice (ns; 0 = every node). Any thread. */
 CB_EXPORT int64_t cb_token_slice_ns(const cb_token *t);
+
+/* Forgets what the eval reader learned about the model it polled: the cost
+ * per unit of work (ns_per_work back to 0) and every per-op scale, and drops
+ * the current range. Keeps the slice, the flag, stamps and counters. Call it
+ * when the token becomes the eval-reader user data of a new model/context, so
+ * costs are re-learned from that model's own graphs. Between graphs. */
+CB_EXPORT void cb_token_forget_costs(cb_token *t);
 
 /* Node ranges the eval reader asked to see (each computed, then synchronized)
  * since the last reset. Any thread. */

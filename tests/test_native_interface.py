@@ -1,5 +1,5 @@
 """The native interface: cancel_token.h against its definitions and its ctypes mirror,
-and import without side effects.
+import without side effects, and the token's learned-cost lifecycle.
 
 The header is parsed with a small regex parser rather than pycparser: the header
 is ours and written one ``CB_EXPORT <type> <name>(<params>);`` per declaration,
@@ -168,4 +168,89 @@ def test_clock_skew_variable_is_applied_at_first_load():
         agent = native.now_ns()
         after = time.monotonic_ns()
         assert before + {skew} <= agent <= after + {skew}, (before, agent, after)
+        """)
+
+
+# -- learned costs: reset keeps them, forget_costs clears them (known answers) ---------
+
+def _ask(t: native.CancelToken, tensor=None) -> bool:
+    return native._lib().cb_token_eval_reader(tensor, True, t.address)
+
+
+def _seen(t: native.CancelToken) -> bool:
+    return native._lib().cb_token_eval_reader(None, False, t.address)
+
+
+def test_reset_keeps_learned_costs_and_forget_costs_returns_them_to_the_initial_state():
+    t = native.CancelToken()
+    t.set_slice_us(10_000_000)  # a huge slice: once a cost is learned no range fills it
+    assert t.ns_per_work == 0.0  # initial: nothing learned
+    assert _ask(t) is True and _seen(t) is True  # nothing learned: one node is the whole range
+    learned = t.ns_per_work
+    assert learned > 0
+    assert _ask(t) is False  # learned: the range stays open
+
+    t.reset()  # between trials: trial state goes, what was learned about the model stays
+    assert (t.polls, t.syncs, t.max_range_ns) == (0, 0, 0)
+    assert t.ns_per_work == learned and t.slice_us == 10_000_000
+    assert _ask(t) is False
+
+    t.set()
+    polls, syncs, set_ns = t.polls, t.syncs, t.set_ns
+    t.forget_costs()  # a new model: learn again; the slice and the trial state stay
+    assert t.ns_per_work == 0.0 and t.slice_us == 10_000_000
+    assert t.is_set() and (t.polls, t.syncs, t.set_ns) == (polls, syncs, set_ns)
+    t.reset()
+    assert _ask(t) is True and _seen(t) is True  # learning again from the first node
+    assert t.ns_per_work > 0
+    t.close()
+
+
+def test_forget_costs_clears_the_per_op_scales():
+    """Per-op scales, with fake tensors laid out as cb_eval_calibrate expects (ne at 16, op at
+    80, flags at 84, src at 88). After op A set the cost, the first node of op B ends its
+    range to learn B's scale; once learned it does not. After forget_costs B is unknown
+    again. Run in a subprocess: calibration is process-wide and must not leak into the
+    layout learned from the real ggml by other tests."""
+    _python("""
+        import ctypes, struct
+        import cancelbench.native as native
+
+        NE, OP, FLAGS, SRC = 16, 80, 84, 88
+        keep = []
+
+        def tensor(ne, op, flags, src=()):
+            buf = ctypes.create_string_buffer(256)
+            struct.pack_into("4q", buf, NE, *ne)
+            struct.pack_into("ii", buf, OP, op, flags)
+            for i, s in enumerate(src):
+                struct.pack_into("Q", buf, SRC + 8 * i, ctypes.addressof(s))
+            keep.append(buf)
+            return buf
+
+        k, m, n = 48, 80, 7
+        a = tensor((k, m, 1, 1), 0, 1)
+        b = tensor((k, n, 1, 1), 0, 0)
+        mm = tensor((m, n, 1, 1), 26, 2, (a, b))
+        assert native.calibrate_eval_reader(ctypes.addressof(a), ctypes.addressof(b), ctypes.addressof(mm), k, m, n)
+        COMPUTE = 16
+        node_a = ctypes.addressof(tensor((1000, 1, 1, 1), 5, COMPUTE))
+        node_b = ctypes.addressof(tensor((1000, 1, 1, 1), 6, COMPUTE))
+        assert native.node_work(node_a) == 1000 + 1024  # the fake layout is read as intended
+
+        ev = native._lib().cb_token_eval_reader
+        t = native.CancelToken()
+        t.set_slice_us(10_000_000)
+
+        def learn_a_then_ask_b():
+            assert ev(node_a, True, t.address) is True and ev(None, False, t.address) is True
+            assert t.ns_per_work > 0
+            return ev(node_b, True, t.address)
+
+        assert learn_a_then_ask_b() is True  # B unseen: its first node ends the range
+        assert ev(None, False, t.address) is True  # ... and what the range took sets B's scale
+        assert ev(node_b, True, t.address) is False  # B known: the range stays open
+        t.forget_costs()
+        t.reset()
+        assert learn_a_then_ask_b() is True, "forget_costs kept op B's learned scale"
         """)
