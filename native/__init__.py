@@ -149,7 +149,8 @@ def loaded() -> bool:
 
 def now_ns() -> int:
     """Agent clock: CLOCK_MONOTONIC in ns, the same clock the token stamps use."""
-    return _lib().cb_now_ns()
+    lib = _LIB  # the hot path skips the accessor's call once loaded
+    return (lib if lib is not None else _lib()).cb_now_ns()
 
 
 def reader_address() -> int:
