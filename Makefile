@@ -64,7 +64,7 @@ wheel: $(BIN)/python
 	PYTHON=$(BIN)/python bash native/build_llama_wheel.sh $(LLAMA_VARIANT)
 
 # Reinstall when the variant or the project metadata changes.
-$(VENV)/.stamp-install-$(LLAMA_VARIANT): pyproject.toml setup.py native/cancel_token.c $(BIN)/python
+$(VENV)/.stamp-install-$(LLAMA_VARIANT): pyproject.toml setup.py native/cancel_token.c native/cancel_token.h $(BIN)/python
 	PYTHON=$(BIN)/python bash native/build_llama_wheel.sh $(LLAMA_VARIANT)
 	$(BIN)/python -m pip install -q --no-deps --force-reinstall $(WHEELHOUSE)/llama_cpp_python-*.whl
 	$(BIN)/python -m pip install -q -e '.[test]'

@@ -1,6 +1,18 @@
 """ctypes bindings for the native cancel token (native/cancel_token.c).
 
+The C interface is declared in native/cancel_token.h; :data:`SIGNATURES` is
+its ctypes mirror, checked against the header by tests/test_native_interface.py.
+
 The shared library is built by the package build (setup.py) next to this file.
+Importing this module is side-effect free: the library is found (or compiled
+into a per-user cache) and loaded on first use, by :func:`_lib`. Environment
+read at that first load, not at import:
+
+* ``CANCELBENCH_NATIVE_LIB``: path of a prebuilt library to load instead.
+* ``CANCELBENCH_TEST_CLOCK_SKEW_NS``: test hook, a known skew (ns) added to the
+  agent clock so clock-offset estimation can be checked; set it before the
+  process's first native call.
+
 Every agent-side timestamp goes through :func:`now_ns` so that Python and
 native times share one clock domain (CLOCK_MONOTONIC on the agent's host).
 """
@@ -10,13 +22,42 @@ from __future__ import annotations
 import ctypes
 import importlib.machinery
 import os
+import threading
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 LIB_BASENAME = "_cancelbench_native"
+SOURCES = ("cancel_token.c", "cancel_token.h")
 # graph_eval: the eval reader synchronizes the backend about this often (see
 # cb_token_eval_reader); 0 = after every graph node. Workload key graph_slice_us.
 DEFAULT_GRAPH_SLICE_US = 2000
+
+_P, _I64, _U64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64
+# (name, restype, argtypes) of every function cancel_token.h declares, in its order.
+SIGNATURES: tuple[tuple[str, type | None, tuple[type, ...]], ...] = (
+    ("cb_set_clock_skew_ns", None, (_I64,)),
+    ("cb_now_ns", _I64, ()),
+    ("cb_token_new", _P, ()),
+    ("cb_token_free", None, (_P,)),
+    ("cb_token_reset", None, (_P,)),
+    ("cb_token_set", _I64, (_P,)),
+    ("cb_token_is_set", ctypes.c_bool, (_P,)),
+    ("cb_token_set_ns", _I64, (_P,)),
+    ("cb_token_seen_ns", _I64, (_P,)),
+    ("cb_token_polls", _U64, (_P,)),
+    ("cb_token_reader", ctypes.c_bool, (_P,)),
+    ("cb_token_eval_reader", ctypes.c_bool, (_P, ctypes.c_bool, _P)),
+    ("cb_token_set_slice_ns", None, (_P, _I64)),
+    ("cb_token_slice_ns", _I64, (_P,)),
+    ("cb_token_forget_costs", None, (_P,)),
+    ("cb_token_syncs", _U64, (_P,)),
+    ("cb_token_max_range_ns", _I64, (_P,)),
+    ("cb_token_ns_per_work", ctypes.c_double, (_P,)),
+    ("cb_eval_calibrate", ctypes.c_int, (_P, _P, _P, _I64, _I64, _I64)),
+    ("cb_eval_calibrate_flash_attn", ctypes.c_int, (_P, _P, _P)),
+    ("cb_node_work", ctypes.c_double, (_P,)),
+    ("cb_probe_busy", ctypes.c_int, (_P, _I64, _I64, ctypes.POINTER(_I64), ctypes.POINTER(_I64))),
+)
 
 
 class NativeLibraryMissing(RuntimeError):
@@ -43,9 +84,10 @@ def _compile_into_cache() -> Path:
     import sys
 
     source = _HERE / "cancel_token.c"
-    if not source.exists():
-        raise NativeLibraryMissing(f"neither the compiled library nor {source} is available")
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    missing = [name for name in SOURCES if not (_HERE / name).exists()]
+    if missing:
+        raise NativeLibraryMissing(f"neither the compiled library nor {', '.join(missing)} in {_HERE} is available")
+    digest = hashlib.sha256(b"".join((_HERE / name).read_bytes() for name in SOURCES)).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cancelbench"
     target = cache / f"{LIB_BASENAME}-{digest}{'.dylib' if sys.platform == 'darwin' else '.so'}"
     if target.exists():
@@ -73,69 +115,52 @@ def _find_library() -> Path:
 
 def _load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(_find_library()))
-    p = ctypes.c_void_p
-    i64 = ctypes.c_int64
-    lib.cb_now_ns.restype = i64
-    lib.cb_now_ns.argtypes = []
-    lib.cb_set_clock_skew_ns.restype = None
-    lib.cb_set_clock_skew_ns.argtypes = [i64]
-    lib.cb_token_new.restype = p
-    lib.cb_token_new.argtypes = []
-    lib.cb_token_free.restype = None
-    lib.cb_token_free.argtypes = [p]
-    lib.cb_token_reset.restype = None
-    lib.cb_token_reset.argtypes = [p]
-    lib.cb_token_set.restype = i64
-    lib.cb_token_set.argtypes = [p]
-    lib.cb_token_is_set.restype = ctypes.c_bool
-    lib.cb_token_is_set.argtypes = [p]
-    lib.cb_token_set_ns.restype = i64
-    lib.cb_token_set_ns.argtypes = [p]
-    lib.cb_token_seen_ns.restype = i64
-    lib.cb_token_seen_ns.argtypes = [p]
-    lib.cb_token_polls.restype = ctypes.c_uint64
-    lib.cb_token_polls.argtypes = [p]
-    lib.cb_token_reader.restype = ctypes.c_bool
-    for name in ("cb_token_max_range_ns", "cb_token_slice_ns"):
-        getattr(lib, name).restype = i64
-        getattr(lib, name).argtypes = [p]
-    lib.cb_token_ns_per_work.restype = ctypes.c_double
-    lib.cb_token_ns_per_work.argtypes = [p]
-    lib.cb_node_work.restype = ctypes.c_double
-    lib.cb_node_work.argtypes = [p]
-    lib.cb_eval_calibrate.restype = ctypes.c_int
-    lib.cb_eval_calibrate.argtypes = [p, p, p, i64, i64, i64]
-    lib.cb_eval_calibrate_flash_attn.restype = ctypes.c_int
-    lib.cb_eval_calibrate_flash_attn.argtypes = [p, p, p]
-    lib.cb_token_syncs.restype = ctypes.c_uint64
-    lib.cb_token_syncs.argtypes = [p]
-    lib.cb_token_set_slice_ns.restype = None
-    lib.cb_token_set_slice_ns.argtypes = [p, i64]
-    lib.cb_token_reader.argtypes = [p]
-    lib.cb_probe_busy.restype = ctypes.c_int
-    lib.cb_probe_busy.argtypes = [p, i64, i64, ctypes.POINTER(i64), ctypes.POINTER(i64)]
+    for name, restype, argtypes in SIGNATURES:
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = list(argtypes)
+    # Test hook: a known agent-clock skew (ns), so clock-offset estimation can be checked.
+    skew = os.environ.get("CANCELBENCH_TEST_CLOCK_SKEW_NS")
+    if skew:
+        lib.cb_set_clock_skew_ns(int(skew))
     return lib
 
 
-_lib = _load()
-# Test hook: a known agent-clock skew (ns), so clock-offset estimation can be checked.
-if os.environ.get("CANCELBENCH_TEST_CLOCK_SKEW_NS"):
-    _lib.cb_set_clock_skew_ns(int(os.environ["CANCELBENCH_TEST_CLOCK_SKEW_NS"]))
+_LIB: ctypes.CDLL | None = None
+_LOAD_LOCK = threading.Lock()
+
+
+def _lib() -> ctypes.CDLL:
+    """The loaded library: found, compiled if need be, and loaded on the first call, once."""
+    global _LIB
+    lib = _LIB
+    if lib is None:
+        with _LOAD_LOCK:
+            if _LIB is None:
+                _LIB = _load()
+            lib = _LIB
+    return lib
+
+
+def loaded() -> bool:
+    """Whether this process has loaded the native library yet."""
+    return _LIB is not None
 
 
 def now_ns() -> int:
     """Agent clock: CLOCK_MONOTONIC in ns, the same clock the token stamps use."""
-    return _lib.cb_now_ns()
+    lib = _LIB  # the hot path skips the accessor's call once loaded
+    return (lib if lib is not None else _lib()).cb_now_ns()
 
 
 def reader_address() -> int:
     """Address of ``bool cb_token_reader(void *token)`` for llama_set_abort_callback."""
-    return ctypes.cast(_lib.cb_token_reader, ctypes.c_void_p).value
+    return ctypes.cast(_lib().cb_token_reader, ctypes.c_void_p).value
 
 
 def eval_reader_address() -> int:
     """Address of ``bool cb_token_eval_reader(ggml_tensor *, bool ask, void *token)``."""
-    return ctypes.cast(_lib.cb_token_eval_reader, ctypes.c_void_p).value
+    return ctypes.cast(_lib().cb_token_eval_reader, ctypes.c_void_p).value
 
 
 def calibrate_eval_reader(a: int, b: int, mm: int, k: int, m: int, n: int) -> bool:
@@ -143,25 +168,25 @@ def calibrate_eval_reader(a: int, b: int, mm: int, k: int, m: int, n: int) -> bo
     from three real tensors of the loaded ggml: a [k, m] (ggml_set_input), b [k, n],
     mm = ggml_mul_mat(a, b) (ggml_set_output).
     Until this succeeds the reader weighs every node alike."""
-    return bool(_lib.cb_eval_calibrate(a, b, mm, k, m, n))
+    return bool(_lib().cb_eval_calibrate(a, b, mm, k, m, n))
 
 
 def calibrate_eval_reader_flash_attn(q: int, k: int, fa: int) -> bool:
     """After :func:`calibrate_eval_reader`: fa = ggml_flash_attn_ext(q, k, v, ...) teaches the
     reader the attention op, so it weighs n_kv multiply-adds per output element."""
-    return bool(_lib.cb_eval_calibrate_flash_attn(q, k, fa))
+    return bool(_lib().cb_eval_calibrate_flash_attn(q, k, fa))
 
 
 def node_work(tensor: int) -> float:
     """The eval reader's work estimate of one ggml tensor (1.0 when not calibrated)."""
-    return _lib.cb_node_work(tensor)
+    return _lib().cb_node_work(tensor)
 
 
 class CancelToken:
     """One atomic cancel byte plus first-seen time and poll counter, owned natively."""
 
     def __init__(self) -> None:
-        self._ptr = _lib.cb_token_new()
+        self._ptr = _lib().cb_token_new()
         if not self._ptr:
             raise MemoryError("cb_token_new failed")
 
@@ -171,59 +196,68 @@ class CancelToken:
 
     def set(self) -> int:
         """Set the flag; returns the (first) set time in agent ns."""
-        return _lib.cb_token_set(self._ptr)
+        return _lib().cb_token_set(self._ptr)
 
     def reset(self) -> None:
-        _lib.cb_token_reset(self._ptr)
+        """Clear the trial state (flag, stamps, polls, syncs, max range); keep the slice and
+        the learned costs. Between trials, never while a native call polls the token, and
+        serialized with :meth:`set` (cancel_token.h, the reset contract)."""
+        _lib().cb_token_reset(self._ptr)
 
     def is_set(self) -> bool:
-        return bool(_lib.cb_token_is_set(self._ptr))
+        return bool(_lib().cb_token_is_set(self._ptr))
 
     @property
     def set_ns(self) -> int:
-        return _lib.cb_token_set_ns(self._ptr)
+        return _lib().cb_token_set_ns(self._ptr)
 
     @property
     def seen_ns(self) -> int:
         """First time a native reader saw the flag set (0 = never seen natively)."""
-        return _lib.cb_token_seen_ns(self._ptr)
+        return _lib().cb_token_seen_ns(self._ptr)
 
     @property
     def polls(self) -> int:
         """Abort-reader calls plus graph nodes the eval reader was asked about."""
-        return _lib.cb_token_polls(self._ptr)
+        return _lib().cb_token_polls(self._ptr)
 
     @property
     def slice_us(self) -> float:
         """The eval reader's slice (0 = sync after every graph node)."""
-        return _lib.cb_token_slice_ns(self._ptr) / 1e3
+        return _lib().cb_token_slice_ns(self._ptr) / 1e3
 
     def set_slice_us(self, slice_us: float) -> None:
-        """Set the eval reader's slice; forgets the learned node cost. Not while a graph runs."""
-        _lib.cb_token_set_slice_ns(self._ptr, int(round(float(slice_us) * 1e3)))
+        """Set the eval reader's slice; forgets the learned costs. Not while a graph runs."""
+        _lib().cb_token_set_slice_ns(self._ptr, int(round(float(slice_us) * 1e3)))
+
+    def forget_costs(self) -> None:
+        """Forget what the eval reader learned about the model it polled (cost per unit of
+        work, per-op scales), keeping the slice. Call when this token becomes the eval
+        reader's user data of a new model/context. Not while a graph runs."""
+        _lib().cb_token_forget_costs(self._ptr)
 
     @property
     def syncs(self) -> int:
         """Node ranges the eval reader asked to see (each computed, then synchronized)."""
-        return _lib.cb_token_syncs(self._ptr)
+        return _lib().cb_token_syncs(self._ptr)
 
     @property
     def max_range_ns(self) -> int:
         """Longest eval-reader range: its first node asked -> synchronized (slice 0: one node)."""
-        return _lib.cb_token_max_range_ns(self._ptr)
+        return _lib().cb_token_max_range_ns(self._ptr)
 
     @property
     def ns_per_work(self) -> float:
         """The eval reader's learned cost of one unit of node work (ns; 0 = not learned yet)."""
-        return _lib.cb_token_ns_per_work(self._ptr)
+        return _lib().cb_token_ns_per_work(self._ptr)
 
     def read(self) -> bool:
         """Call the native reader once (counts as a poll, stamps seen_ns)."""
-        return bool(_lib.cb_token_reader(self._ptr))
+        return bool(_lib().cb_token_reader(self._ptr))
 
     def close(self) -> None:
         if self._ptr:
-            _lib.cb_token_free(self._ptr)
+            _lib().cb_token_free(self._ptr)
             self._ptr = None
 
     def __del__(self) -> None:  # pragma: no cover - interpreter teardown order
@@ -241,7 +275,7 @@ def probe_busy(token: CancelToken, duration_us: int, period_us: int) -> tuple[bo
     """
     start = ctypes.c_int64(0)
     end = ctypes.c_int64(0)
-    aborted = _lib.cb_probe_busy(token.address, int(duration_us), int(period_us),
+    aborted = _lib().cb_probe_busy(token.address, int(duration_us), int(period_us),
                                  ctypes.byref(start), ctypes.byref(end))
     return bool(aborted), start.value, end.value
 

@@ -1,5 +1,7 @@
 /*
- * cancelbench native cancel token.
+ * cancelbench native cancel token. The exported interface, with the threads
+ * each function may be called from and the token-reset contract, is declared
+ * and documented in cancel_token.h.
  *
  * The token's first byte is the cancel flag, so a plain `uint8_t *` reader
  * (the shape llamadart and other bindings use) can read the same memory.
@@ -9,6 +11,8 @@
  * Every agent-side timestamp comes from cb_now_ns(), so the time a reader
  * first saw the flag and the Python-side timestamps share one clock domain.
  */
+#include "cancel_token.h"
+
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -18,15 +22,9 @@
 #include <x86intrin.h>
 #endif
 
-#if defined(_WIN32)
-#define CB_EXPORT __declspec(dllexport)
-#else
-#define CB_EXPORT __attribute__((visibility("default")))
-#endif
-
 #define CB_OP_CLASSES 128  /* ggml_op values (GGML_OP_COUNT is ~95 in this ggml) */
 
-typedef struct cb_token {
+struct cb_token {
     _Atomic uint8_t flag;      /* offset 0: non-zero means abort */
     _Atomic int64_t set_ns;    /* when cb_token_set stored the flag */
     _Atomic int64_t seen_ns;   /* first time a reader saw the flag set; 0 = never */
@@ -36,7 +34,8 @@ typedef struct cb_token {
     _Atomic uint64_t syncs;        /* node ranges the reader asked to see (each one computed + synchronized) */
     _Atomic int64_t max_range_ns;  /* longest such range: first node asked -> range synchronized */
     _Atomic double ns_per_work;    /* learned cost of one unit of node work incl. sync share (EMA) */
-    /* eval reader state, touched only by the thread running the graph */
+    /* eval reader state, touched only by the thread running the graph (and by
+     * reset / forget_costs / set_slice_ns, between graphs) */
     int64_t range_start_ns;    /* when the first node of the current range was asked */
     uint64_t last_ask_ticks;   /* when the last node was asked (cb_ticks) */
     uint32_t range_nodes;      /* nodes asked in the current range */
@@ -44,7 +43,7 @@ typedef struct cb_token {
     float op_scale[CB_OP_CLASSES]; /* learned cost of an op per unit of work, relative; 0 = not seen */
     int32_t probe_op;          /* op class of a first-seen node that ended the current range; -1 none */
     double probe_work;         /* that node's work */
-} cb_token;
+};
 
 /* A constant added to the agent clock. Zero in production; tests set it to
  * inject a known skew between agent and driver clocks (clock-offset check). */
@@ -69,7 +68,11 @@ CB_EXPORT cb_token *cb_token_new(void) {
 
 CB_EXPORT void cb_token_free(cb_token *t) { free(t); }
 
-/* Clears the flag, stamps and counters; keeps the slice and the learned node cost. */
+/* Token reset contract (full text in cancel_token.h): the trial thread calls it
+ * between trials, never while a native call polls the token, serialized with
+ * cb_token_set. Clears the flag, set/seen stamps, polls, syncs, max_range_ns and
+ * the current eval-reader range; keeps the slice and the learned costs
+ * (ns_per_work, op_scale), which cb_token_forget_costs clears. */
 CB_EXPORT void cb_token_reset(cb_token *t) {
     atomic_store_explicit(&t->flag, 0, memory_order_relaxed);
     atomic_store_explicit(&t->set_ns, 0, memory_order_relaxed);
@@ -148,15 +151,23 @@ CB_EXPORT int64_t cb_token_slice_ns(const cb_token *t) {
     return atomic_load_explicit(&((cb_token *)t)->slice_ns, memory_order_relaxed);
 }
 
-/* Sets the eval reader's slice (0 = sync after every node) and forgets the
- * learned cost. Call between graphs, not while one runs. */
-CB_EXPORT void cb_token_set_slice_ns(cb_token *t, int64_t slice_ns) {
-    atomic_store_explicit(&t->slice_ns, slice_ns > 0 ? slice_ns : 0, memory_order_relaxed);
+/* What the eval reader learned about the model it polled: the cost per unit of
+ * work and the per-op scales; the current range goes with them. Between graphs. */
+CB_EXPORT void cb_token_forget_costs(cb_token *t) {
     atomic_store_explicit(&t->ns_per_work, 0.0, memory_order_relaxed);
     t->range_nodes = 0;
     t->range_work = 0.0;
     t->probe_op = -1;
+    t->probe_work = 0.0;
     for (int i = 0; i < CB_OP_CLASSES; i++) t->op_scale[i] = 0.0f;
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+/* Sets the eval reader's slice (0 = sync after every node) and forgets the
+ * learned costs: they were learned for ranges of the old slice. Between graphs. */
+CB_EXPORT void cb_token_set_slice_ns(cb_token *t, int64_t slice_ns) {
+    atomic_store_explicit(&t->slice_ns, slice_ns > 0 ? slice_ns : 0, memory_order_relaxed);
+    cb_token_forget_costs(t);
 }
 
 /*
@@ -253,9 +264,9 @@ static double cb_node_work_class(const void *t, int *cls) {
     return w + CB_NODE_WORK;
 }
 
-CB_EXPORT double cb_node_work(const void *t) {
+CB_EXPORT double cb_node_work(const void *tensor) {
     int cls;
-    return cb_node_work_class(t, &cls);
+    return cb_node_work_class(tensor, &cls);
 }
 
 /* Asks of one range come back to back (the scheduler asks node after node

@@ -64,7 +64,8 @@ def test_wheel_installs_only_the_cancelbench_namespace(wheels):
     assert roots == {"cancelbench", info}, roots
     # The pieces a sweep needs at run time travel in the wheel.
     for needed in ("cancelbench/datasets/corpora/text_prompts.jsonl", "cancelbench/datasets/locks/text_fixtures.json",
-                   "cancelbench/native/cancel_token.c", "cancelbench/device_agents/engines/registry.py",
+                   "cancelbench/native/cancel_token.c", "cancelbench/native/cancel_token.h",
+                   "cancelbench/device_agents/engines/registry.py",
                    "cancelbench/cli.py"):
         assert needed in names, needed
     assert any(n.startswith("cancelbench/native/_cancelbench_native") for n in names)

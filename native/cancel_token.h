@@ -1,0 +1,178 @@
+/*
+ * cancelbench native cancel token: the whole exported interface.
+ *
+ * Loaded with ctypes by cancelbench.native (native/__init__.py); its
+ * declarations there are checked against this header by
+ * tests/test_native_interface.py. Built by setup.py (Linux and macOS).
+ *
+ * Units: every *_ns value is nanoseconds on the agent clock, cb_now_ns()
+ * (CLOCK_MONOTONIC plus a test-only skew); every *_us argument is microseconds.
+ *
+ * Threads, in the terms used below:
+ *   - "any thread": lock-free atomics only; may run concurrently with anything,
+ *     including a graph polling the token (a counter read then is a snapshot).
+ *   - "the graph thread": the thread running the ggml scheduler that was given
+ *     the token as cb_eval user data; the eval reader's range state is plain
+ *     memory owned by that thread, so one token serves one running graph at a
+ *     time.
+ *   - "between graphs": no native call that polls the token (abort reader or
+ *     eval reader) is in flight; in cancelbench, the trial thread before or
+ *     after a trial's native calls.
+ *
+ * Token reset contract (cb_token_reset):
+ *   Who:   the trial thread (the agent before each trial; CancelControl when it
+ *          moves a trial to the token a hooked context polls).
+ *   When:  between trials, never while a native call polls the token, and
+ *          serialized with cb_token_set by the caller (a set racing a reset
+ *          can be lost; cancelbench holds the control's lock across both).
+ *   Clears (trial state): the flag, set_ns, seen_ns, polls, syncs,
+ *          max_range_ns, and the eval reader's current range (its start,
+ *          nodes, work, and any op being probed).
+ *   Keeps (configuration and what was learned about the model):
+ *          the slice (cb_token_set_slice_ns), the learned cost per unit of
+ *          work (ns_per_work) and the learned per-op scales. These describe
+ *          the model, backend and slice, not a trial; re-learning them every
+ *          trial would make each trial's first ranges probes. They are
+ *          forgotten by cb_token_forget_costs (call it when the token is bound
+ *          to a new model/context) and by cb_token_set_slice_ns.
+ *   The process-wide tensor layout from cb_eval_calibrate* belongs to the
+ *   loaded ggml, not to a token or a model, and is never cleared.
+ */
+#ifndef CANCELBENCH_CANCEL_TOKEN_H
+#define CANCELBENCH_CANCEL_TOKEN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifndef CB_EXPORT
+#define CB_EXPORT __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Opaque. Its first byte is the cancel flag (non-zero = abort), so a binding
+ * that only knows "a byte at this address" can read or set it. */
+typedef struct cb_token cb_token;
+
+/* --- agent clock ------------------------------------------------------- */
+
+/* Adds a constant skew (ns) to cb_now_ns. Test hook only (clock-offset
+ * estimation); zero in production. Any thread; set it before the first
+ * timestamp is taken (cancelbench.native does so when it loads the library). */
+CB_EXPORT void cb_set_clock_skew_ns(int64_t skew);
+
+/* The agent clock: CLOCK_MONOTONIC in ns plus the test skew. Any thread. */
+CB_EXPORT int64_t cb_now_ns(void);
+
+/* --- token lifetime and trial state ------------------------------------ */
+
+/* A new zeroed token (flag clear, slice 0, nothing learned); NULL if out of
+ * memory. Any thread. */
+CB_EXPORT cb_token *cb_token_new(void);
+
+/* Frees the token. Only once no context can poll it any more (the contexts
+ * that hold it as callback user data are freed or never run again). */
+CB_EXPORT void cb_token_free(cb_token *t);
+
+/* Clears the trial state, keeps slice and learned costs (see the reset
+ * contract above). The trial thread, between trials; never while a native
+ * call polls the token. */
+CB_EXPORT void cb_token_reset(cb_token *t);
+
+/* Sets the flag; returns the set time (ns). A second set keeps the first
+ * time. Any thread, at any time: this is the cancel path. */
+CB_EXPORT int64_t cb_token_set(cb_token *t);
+
+/* Whether the flag is set (acquire load). Any thread. */
+CB_EXPORT bool cb_token_is_set(const cb_token *t);
+
+/* When cb_token_set first stored the flag (ns); 0 = not set. Any thread. */
+CB_EXPORT int64_t cb_token_set_ns(const cb_token *t);
+
+/* When a native reader first saw the flag set (ns); 0 = never. Any thread. */
+CB_EXPORT int64_t cb_token_seen_ns(const cb_token *t);
+
+/* Abort-reader calls plus graph nodes the eval reader was asked about, since
+ * the last reset. Any thread. */
+CB_EXPORT uint64_t cb_token_polls(const cb_token *t);
+
+/* --- readers (called by llama.cpp / ggml, never by Python on a hot path) - */
+
+/* The abort reader, bool (*)(void *): llama_set_abort_callback(ctx,
+ * cb_token_reader, token). Counts a poll, returns the flag, and the first
+ * reader to see it set stamps seen_ns. Any thread (compute threads). */
+CB_EXPORT bool cb_token_reader(void *data);
+
+/* The eval reader, a ggml_backend_sched_eval_callback:
+ * bool (*)(struct ggml_tensor *, bool ask, void *token). ask=true: count the
+ * node, return true ("show me") once the range's learned work fills the slice
+ * (or at once when the flag is set). ask=false: the range is computed and
+ * synchronized; learn from its duration, return false to stop the split when
+ * the flag is set. The graph thread only. */
+CB_EXPORT bool cb_token_eval_reader(void *tensor, bool ask, void *data);
+
+/* --- eval reader configuration and what it learned --------------------- */
+
+/* Sets the target time between the eval reader's syncs (ns; 0 or less = sync
+ * after every node) and forgets the learned costs (cb_token_forget_costs).
+ * Between graphs. */
+CB_EXPORT void cb_token_set_slice_ns(cb_token *t, int64_t slice_ns);
+
+/* The eval reader's slice (ns; 0 = every node). Any thread. */
+CB_EXPORT int64_t cb_token_slice_ns(const cb_token *t);
+
+/* Forgets what the eval reader learned about the model it polled: the cost
+ * per unit of work (ns_per_work back to 0) and every per-op scale, and drops
+ * the current range. Keeps the slice, the flag, stamps and counters. Call it
+ * when the token becomes the eval-reader user data of a new model/context, so
+ * costs are re-learned from that model's own graphs. Between graphs. */
+CB_EXPORT void cb_token_forget_costs(cb_token *t);
+
+/* Node ranges the eval reader asked to see (each computed, then synchronized)
+ * since the last reset. Any thread. */
+CB_EXPORT uint64_t cb_token_syncs(const cb_token *t);
+
+/* Longest eval-reader range since the last reset: its first node asked to
+ * its sync (ns). Any thread. */
+CB_EXPORT int64_t cb_token_max_range_ns(const cb_token *t);
+
+/* The learned cost of one unit of node work, sync share included (ns per
+ * work unit, an exponential average); 0 = not learned yet. Any thread. */
+CB_EXPORT double cb_token_ns_per_work(const cb_token *t);
+
+/* --- process-wide ggml tensor layout ----------------------------------- */
+
+/* Finds ne[], op, flags and src[] in struct ggml_tensor of the loaded ggml from
+ * three real tensors, none computed: a [k, m] marked input, b [k, n], and
+ * mm = ggml_mul_mat(a, b) marked output. Returns 1 when every field was found
+ * and checked, else 0 (nodes then weigh 1). Once per process, after ggml is
+ * loaded and before a graph runs with the eval reader. */
+CB_EXPORT int cb_eval_calibrate(const void *a, const void *b, const void *mm, int64_t k, int64_t m, int64_t n);
+
+/* After cb_eval_calibrate succeeded: fa = ggml_flash_attn_ext(q, k, v, ...)
+ * (not computed) teaches the reader the attention op, so it weighs n_kv
+ * multiply-adds per output element. Returns 1 if checked. Same thread and
+ * time as cb_eval_calibrate. */
+CB_EXPORT int cb_eval_calibrate_flash_attn(const void *q, const void *k, const void *fa);
+
+/* The eval reader's work estimate of one ggml tensor (element units; 1.0 when
+ * not calibrated, for NULL, or for a node the graph does not compute). Any
+ * thread, after calibration. */
+CB_EXPORT double cb_node_work(const void *tensor);
+
+/* --- known-answer probe ------------------------------------------------ */
+
+/* Busy-works for duration_us and checks the token (as cb_token_reader) at
+ * start + k * period_us, k = 1, 2, ... Returns 1 if it stopped on the token, 0
+ * if it ran to the end; *out_start_ns / *out_end_ns (either may be NULL) get
+ * its start and return times (ns). Blocks the calling thread, any thread. */
+CB_EXPORT int cb_probe_busy(cb_token *t, int64_t duration_us, int64_t period_us,
+                            int64_t *out_start_ns, int64_t *out_end_ns);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CANCELBENCH_CANCEL_TOKEN_H */
