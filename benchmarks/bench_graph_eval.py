@@ -12,11 +12,23 @@
   interleaved pairs (A B A B ...), median of the per-pair ratios, so the drift of
   a shared machine hits both sides alike.
 
+* ``--device cuda:0`` (or any ``<backend>:<index>`` of device_agents/backends.py) —
+  instead of the parts above: a child process with that device's environment
+  (``backend_env``), a bigger text model (default the field-scale
+  text-qwen3-0.6b-field, Q8_0, generated if missing) with every layer on the
+  device and a long prompt (``--prompt-tokens``, one decode), and all four
+  mechanisms: ``between_calls``, ``abort_callback``, ``chunked`` and
+  ``graph_eval`` at ``--device-slices``. Per cell also whether the decode in
+  flight was stopped: ``reader_saw`` (the native reader saw the set token),
+  ``decode_rc2`` (llama_decode returned 2: aborted) and residue / the rest of
+  the reference decode at the cancel (~1: ran to its end; ~0: stopped).
+
 Latency = t_terminal - t_received; residue = t_native_returned - t_received (the
 native call in flight ran on this long after the cancel). Percentiles are the
 reports' nearest-rank ones. Target: residue <= slice + 2 x largest node.
 
     nice -n 10 python benchmarks/bench_graph_eval.py [--trials 12] [--vk-trials 5] [--pairs 5]
+    python benchmarks/bench_graph_eval.py --device cuda:0 [--prompt-tokens 4096] [--device-trials 15]
 """
 
 from __future__ import annotations
@@ -33,6 +45,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+# llama_cpp (and the ggml backends it links) before anything imports pandas: on the CUDA
+# machine a pandas/pyarrow loaded first made llama_model_load_from_file segfault
+import llama_cpp  # noqa: E402, F401, I001
 
 from bench_speech import (STT_TARGETS, TTS_TARGETS, TTS_TEXT, _ctl, cancel_at, cancel_trials,  # noqa: E402
                           stt_reference, tts_reference)
@@ -69,11 +85,16 @@ def largest_node_ms(eng: TextEngine) -> float:
     return ctl.token.max_range_ns / 1e6
 
 
-def prefill_cancels(eng: TextEngine, mech: str, trials: int, rng: random.Random) -> dict:
-    """Reference prefill duration, then cancels at uniform points inside the prefill decode."""
-    refs = [text_trial(eng, mech)[0] for _ in range(2)]
-    prefill_ms = statistics.median(r.phase_durations_ms["prefill"] for r in refs)
-    lat, res, ranges = [], [], []
+def prefill_cancels(eng: TextEngine, mech: str, trials: int, rng: random.Random, refs: int = 2,
+                    warm: int = 0, detail: bool = False) -> dict:
+    """Reference prefill duration, then cancels at uniform points inside the prefill decode.
+    ``warm`` uncancelled runs first (a GPU backend's first decode also sets itself up)."""
+    for _ in range(warm):
+        text_trial(eng, mech)
+    runs = [text_trial(eng, mech)[0] for _ in range(refs)]
+    prefill_ms = statistics.median(r.phase_durations_ms["prefill"] for r in runs)
+    lat, res, ranges, ratios, per = [], [], [], [], []
+    saw = rc2 = 0
     in_decode = lambda p: p.phase == "prefill" and p.native_call == "llama_decode"  # noqa: E731
     for _ in range(trials):
         ctl = _ctl()
@@ -82,11 +103,22 @@ def prefill_cancels(eng: TextEngine, mech: str, trials: int, rng: random.Random)
         th.join(30)
         if r.outcome != "cancelled" or ctl.native_returned_ns is None:
             continue  # the cancel missed the decode in flight
+        residue = (ctl.native_returned_ns - ctl.received_ns) / 1e6
         lat.append((r.t_terminal_ns - ctl.received_ns) / 1e6)
-        res.append((ctl.native_returned_ns - ctl.received_ns) / 1e6)
+        res.append(residue)
         ranges.append(ctl.token.max_range_ns / 1e6)
+        seen = ctl.token.seen_ns != 0
+        saw += seen
+        rc2 += r.decode_rc == 2
+        # the rest of the (one-decode) reference prefill at the cancel: residue ~ rest = not stopped
+        rest = prefill_ms - (ctl.received_ns - r.t_start_ns) / 1e6
+        if mech != "chunked" and rest > 0.5:
+            ratios.append(residue / rest)
+        per.append({"residue_ms": round(residue, 3), "rest_ms": round(rest, 3), "reader_saw": seen,
+                    "decode_rc": r.decode_rc})
     return {"prefill_ms": prefill_ms, "latency_ms": dist(lat), "residue_ms": dist(res),
-            "max_range_ms": max(ranges, default=None), "trials": trials}
+            "max_range_ms": max(ranges, default=None), "trials": trials, "reader_saw": saw, "decode_rc2": rc2,
+            "residue_over_rest_p50": percentile(ratios, 0.5), **({"per_trial": per} if detail else {})}
 
 
 def within_bound(cell: dict, slice_us: int, node_ms: float) -> dict:
@@ -96,7 +128,7 @@ def within_bound(cell: dict, slice_us: int, node_ms: float) -> dict:
 
 
 def text_cells(model: str, ngl: int, prompt_tokens: int, mechs: dict, trials: int, seed: int,
-               threads: int) -> dict:
+               threads: int, refs: int = 2, warm: int = 0, detail: bool = False) -> dict:
     """mechs: label -> (mechanism, slice_us or None, chunk_tokens)."""
     rng = random.Random(seed)
     out: dict = {"n_threads": threads}
@@ -107,11 +139,16 @@ def text_cells(model: str, ngl: int, prompt_tokens: int, mechs: dict, trials: in
         try:
             if "node_ms" not in out:
                 out["node_ms"] = largest_node_ms(eng)
-            cell = prefill_cancels(eng, mech, trials, rng)
+            cell = prefill_cancels(eng, mech, trials, rng, refs=refs, warm=warm, detail=detail)
             if mech == "graph_eval":
                 cell.update(slice_us=slice_us, **within_bound(cell, slice_us, out["node_ms"]))
             out[label] = cell
             print(f"{label}: {json.dumps(cell)}", file=sys.stderr, flush=True)
+        except Exception as e:  # noqa: BLE001
+            if not detail:  # the device part (detail) keeps the other cells
+                raise
+            out[label] = {"error": repr(e)}
+            print(f"{label}: ERROR {e!r}", file=sys.stderr, flush=True)
         finally:
             eng.close()
     return out
@@ -133,6 +170,114 @@ def run_vulkan_child(args) -> dict:
     line = next((ln for ln in cp.stdout.splitlines() if ln.startswith("RESULT:")), None)
     if cp.returncode != 0 or not line:
         return {"error": f"vulkan child rc={cp.returncode}"}
+    return json.loads(line[len("RESULT:"):])
+
+
+def device_model(name: str) -> tuple[str, str]:
+    """A text fixture or a field-scale text set by name, generated if missing; and its lock check
+    ("ok" or the mismatch: a numpy whose bytes differ is reported, not fatal)."""
+    from cancelbench.datasets import field
+    from cancelbench.datasets.locks import verify_against
+
+    if name in field.FIELD_SETS:
+        path, lock = field.ensure_set(name, verify=False, progress=True)["model"], field.lock_path(name)
+    else:
+        from cancelbench.datasets.fixtures import TEXT_LOCK
+        path, lock = ensure_text_fixture(name, verify=False), TEXT_LOCK
+    try:
+        verify_against(path, lock)
+        return str(path), "ok"
+    except Exception as e:  # noqa: BLE001
+        return str(path), f"lock mismatch: {e}"
+
+
+def device_facts(device: str) -> dict:
+    """What ggml sees in this (device-restricted) process, and the llama.cpp build."""
+    from cancelbench.device_agents import backends
+
+    facts: dict = {"device": device, "env": backends.backend_env(device)}
+    try:
+        facts["ggml_devices"] = [{k: v for k, v in d.__dict__.items()} for d in backends.probe_devices()]
+    except Exception as e:  # noqa: BLE001 - facts only
+        facts["ggml_devices_error"] = repr(e)
+    try:
+        facts["llama_cpp_build"] = backends.llama_cpp_build_info()
+    except Exception as e:  # noqa: BLE001
+        facts["llama_cpp_build_error"] = repr(e)
+    return facts
+
+
+def device_text(args) -> dict:
+    """Every mechanism on ``args.device`` with all layers offloaded (run in a child whose
+    environment shows ggml only that device)."""
+    model, lock = device_model(args.model)
+    chunk = args.chunk_tokens
+    mechs = {"between_calls": ("between_calls", None, chunk), "abort_callback": ("abort_callback", None, chunk),
+             "chunked": ("chunked", None, chunk)}
+    mechs.update({f"graph_eval@{s}us": ("graph_eval", s, chunk) for s in args.device_slices})
+    cells = text_cells(model, 999, args.prompt_tokens, mechs, args.device_trials, args.seed, args.device_threads,
+                       refs=3, warm=2, detail=True)
+    # after the cells: on CUDA a llama_model_load_from_file after the ggml device probe segfaulted
+    return {"model": args.model, "model_file": Path(model).name, "model_bytes": Path(model).stat().st_size,
+            "model_lock": lock, "prompt_tokens": args.prompt_tokens, "n_gpu_layers": 999, "chunk_tokens": chunk,
+            "facts": device_facts(args.device), **cells}
+
+
+def device_speech(args) -> dict:
+    """TTS code2wav and STT encode (field-scale sets, every layer and the clip graphs on the
+    device): in-flight cancel residue per mechanism, and the largest clip node (slice 0)."""
+    from cancelbench.datasets import field
+    from cancelbench.device_agents.engines.stt import SttEngine
+    from cancelbench.device_agents.engines.tts import WINDOW_FRAMES, TtsEngine
+
+    rng = random.Random(args.seed)
+    frames = args.tts_frames or WINDOW_FRAMES + 2  # one full code2wav window inside the run
+    clip = str(SF.audio_clip("speech-medium"))
+    sets = {"tts": (TtsEngine, "qwen3tts-0.6b-field", {"n_batch": 16, "max_frames": frames},
+                    {"input": TTS_TEXT, "seed": 11}, {"code2wav": TTS_TARGETS["code2wav"]}),
+            "stt": (SttEngine, "qwen3asr-0.6b-field", {"max_tokens": 4}, {"input": clip},
+                    {"encode": STT_TARGETS["encode"]})}
+    out: dict = {}
+    for name in args.device_speech:
+        cls, set_name, extra, trial, targets = sets[name]
+        paths = field.ensure_set(set_name, verify=False, progress=True)
+        eng = cls({"model": str(paths["model"]), "mmproj": str(paths["mmproj"]), "n_threads": args.device_threads,
+                   "n_gpu_layers": 999, **extra})
+        try:
+            e: dict = {"set": set_name, "mechanisms": {}}
+            for mech in ("between_calls", "abort_callback", "graph_eval"):
+                eng.run({**trial, "mechanism": mech}, _ctl())  # warm (GPU setup)
+                ref = (tts_reference(eng, mech, 2) if name == "tts" else stt_reference(eng, mech, 2, trial["input"]))
+                cells = cancel_trials(lambda ctl: eng.run({**trial, "mechanism": mech}, ctl), targets, ref,
+                                      args.device_trials, rng)
+                e["mechanisms"][mech] = {"call_ms": {k: ref["call_ms"][k] for k in targets}, "phases": cells}
+                print(f"{name} {mech}: {json.dumps(cells)}", file=sys.stderr, flush=True)
+            eng.graph_slice_us = 0
+            eng.run({**trial, "mechanism": "graph_eval"}, _ctl())
+            e["node_ms"] = eng.graph_token.max_range_ns / 1e6
+            e["bound_ms"] = DEFAULT / 1e3 + 2 * e["node_ms"]
+            out[name] = e
+        except Exception as ex:  # noqa: BLE001 - keep the other engine's result
+            out[name] = {"error": repr(ex)}
+        finally:
+            eng.close()
+    return out
+
+
+def run_device_child(args, part: str = "device") -> dict:
+    from cancelbench.device_agents.backends import backend_env
+
+    env = {**os.environ, **backend_env(args.device)}
+    cmd = [sys.executable, __file__, "--part", part, "--device", args.device, "--model", args.model,
+           "--prompt-tokens", str(args.prompt_tokens), "--device-trials", str(args.device_trials),
+           "--device-slices", ",".join(map(str, args.device_slices)), "--chunk-tokens", str(args.chunk_tokens),
+           "--device-threads", str(args.device_threads), "--seed", str(args.seed),
+           "--device-speech", ",".join(args.device_speech), "--tts-frames", str(args.tts_frames)]
+    cp = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.device_timeout)
+    sys.stderr.write(cp.stderr)
+    line = next((ln for ln in cp.stdout.splitlines() if ln.startswith("RESULT:")), None)
+    if cp.returncode != 0 or not line:
+        return {"error": f"{args.device} child rc={cp.returncode}", "stderr_tail": cp.stderr[-3000:]}
     return json.loads(line[len("RESULT:"):])
 
 
@@ -237,7 +382,7 @@ def _r(x):
 def table(result: dict) -> list[str]:
     rows = ["backend | mechanism | n | latency p50 / p99 / max ms | residue p50 / max ms | prefill ms "
             "| largest node ms | bound ms (met)", "---|---|---|---|---|---|---|---"]
-    for backend in ("vulkan_text", "cpu_text"):
+    for backend in [k for k in result if k.endswith("_text")]:
         part = result.get(backend, {})
         for label, c in part.items():
             if not isinstance(c, dict) or "latency_ms" not in c:  # node_ms, n_threads, model...
@@ -271,12 +416,32 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cpu-threads", type=int, default=1,
                     help="CPU text threads (1: on a shared 2-core host two threads wait on each other's time slices)")
-    ap.add_argument("--part", choices=("all", "vulkan"), default="all")
-    ap.add_argument("--skip", default="", help="comma list of vulkan,cpu,speech,overhead to leave out")
+    ap.add_argument("--part", choices=("all", "vulkan", "device", "device_speech"), default="all")
+    ap.add_argument("--device", default=None,
+                    help="run only the device part on this device id (e.g. cuda:0, vulkan:0; see device_agents/backends.py)")
+    ap.add_argument("--model", default="text-qwen3-0.6b-field", help="device part: text fixture or field set name")
+    ap.add_argument("--prompt-tokens", type=int, default=4096, help="device part: prompt (one prefill decode)")
+    ap.add_argument("--device-trials", type=int, default=15, help="device part: cancel trials per cell")
+    ap.add_argument("--device-slices", type=lambda v: [int(x) for x in v.split(",") if x], default=[DEFAULT, 500, 0],
+                    help="device part: graph_eval slices (us), comma list")
+    ap.add_argument("--chunk-tokens", type=int, default=256, help="device part: chunked mechanism's chunk")
+    ap.add_argument("--device-threads", type=int, default=4, help="device part: CPU threads of the context")
+    ap.add_argument("--device-speech", type=lambda v: [x for x in v.split(",") if x], default=[],
+                    help="device part: also tts,stt on the field sets (code2wav / encode residue)")
+    ap.add_argument("--tts-frames", type=int, default=0,
+                    help="device speech: TTS max_frames (0: one code2wav window + 2)")
+    ap.add_argument("--device-timeout", type=float, default=1200, help="device part: child's time limit (s)")
+    ap.add_argument("--skip", default="", help="comma list of vulkan,cpu,speech,overhead (with --device: text) to leave out")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "graph_eval.json"))
     args = ap.parse_args()
     if args.part == "vulkan":
         print("RESULT:" + json.dumps(vulkan_text(args)))
+        return
+    if args.part == "device":
+        print("RESULT:" + json.dumps(device_text(args), default=str))
+        return
+    if args.part == "device_speech":
+        print("RESULT:" + json.dumps(device_speech(args), default=str))
         return
     skip = set(filter(None, args.skip.split(",")))
     t0 = time.time()
@@ -284,6 +449,13 @@ def main() -> None:
                     "trials": args.trials, "vk_trials": args.vk_trials, "pairs": args.pairs,
                     "cpu_text_threads": args.cpu_threads,
                     "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
+    if args.device:
+        result.update(device=args.device, device_trials=args.device_trials, device_slices_us=args.device_slices)
+        if "text" not in skip:
+            result[f"{args.device.split(':')[0]}_text"] = run_device_child(args)
+        if args.device_speech:
+            result[f"{args.device.split(':')[0]}_speech"] = run_device_child(args, "device_speech")
+        skip |= {"vulkan", "cpu", "speech", "overhead"}
     if "vulkan" not in skip:
         result["vulkan_text"] = run_vulkan_child(args)
     if "cpu" not in skip:
