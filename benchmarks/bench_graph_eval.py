@@ -234,7 +234,7 @@ def device_speech(args) -> dict:
     frames = args.tts_frames or WINDOW_FRAMES + 2  # one full code2wav window inside the run
     clip = str(SF.audio_clip("speech-medium"))
     sets = {"tts": (TtsEngine, "qwen3tts-0.6b-field", {"n_batch": 16, "max_frames": frames},
-                    {"input": TTS_TEXT, "seed": 11}, {"code2wav": TTS_TARGETS["code2wav"]}),
+                    {"input": TTS_TEXT}, {"code2wav": TTS_TARGETS["code2wav"]}),
             "stt": (SttEngine, "qwen3asr-0.6b-field", {"max_tokens": 4}, {"input": clip},
                     {"encode": STT_TARGETS["encode"]})}
     out: dict = {}
@@ -246,14 +246,14 @@ def device_speech(args) -> dict:
         try:
             e: dict = {"set": set_name, "mechanisms": {}}
             for mech in ("between_calls", "abort_callback", "graph_eval"):
-                eng.run({**trial, "mechanism": mech}, _ctl())  # warm (GPU setup)
+                eng.run(TrialRequest(**trial, mechanism=mech), _ctl())  # warm (GPU setup)
                 ref = (tts_reference(eng, mech, 2) if name == "tts" else stt_reference(eng, mech, 2, trial["input"]))
-                cells = cancel_trials(lambda ctl: eng.run({**trial, "mechanism": mech}, ctl), targets, ref,
+                cells = cancel_trials(lambda ctl: eng.run(TrialRequest(**trial, mechanism=mech), ctl), targets, ref,
                                       args.device_trials, rng)
                 e["mechanisms"][mech] = {"call_ms": {k: ref["call_ms"][k] for k in targets}, "phases": cells}
                 print(f"{name} {mech}: {json.dumps(cells)}", file=sys.stderr, flush=True)
             eng.graph_slice_us = 0
-            eng.run({**trial, "mechanism": "graph_eval"}, _ctl())
+            eng.run(TrialRequest(**trial, mechanism="graph_eval"), _ctl())
             e["node_ms"] = eng.graph_token.max_range_ns / 1e6
             e["bound_ms"] = DEFAULT / 1e3 + 2 * e["node_ms"]
             out[name] = e

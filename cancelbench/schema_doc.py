@@ -1,6 +1,6 @@
 """Renders ``docs/schema.md`` from the record schema in :mod:`cancelbench.schema`.
 
-The column table comes from ``schema._FIELDS`` (name, Arrow type, doc), the
+The column table comes from ``schema.FIELDS`` (name, Arrow type, group, owner, doc), the
 clock-domain text from ``schema``'s module docstring, the partition columns
 from ``schema.PARTITION_COLUMNS``; nothing in the page is typed by hand twice.
 Regenerate after any change to the schema::
@@ -47,9 +47,9 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _fields() -> list[tuple[str, str, str]]:
-    """(column, type, doc) of every column, in record order (extra tuple members ignored)."""
-    return [(f[0], str(f[1]), f[2]) for f in schema._FIELDS]
+def _fields() -> list[tuple[str, str, str, str, str]]:
+    """(column, type, group, filled by, doc) of every column, in record order."""
+    return [(c.name, str(c.type), c.group, c.owner, c.doc) for c in schema.FIELDS]
 
 
 def schema_markdown() -> str:
@@ -74,9 +74,10 @@ def schema_markdown() -> str:
         "to `[A-Za-z0-9._-]` (`hostname` keeps the raw host name).",
         _markdown(body),
         "## Columns",
-        "| column | type | meaning |\n|---|---|---|\n" + "\n".join(
-            f"| `{name}` | {typ} | {_cell(doc)}{' (partition)' if name in schema.PARTITION_COLUMNS else ''} |"
-            for name, typ, doc in _fields()),
+        "Every column belongs to one group; `diff` compares two cells only when their `settings` columns "
+        "agree. *Filled by*: the driver, the agent, either, or derived from the timestamps.",
+        "| column | type | group | filled by | meaning |\n|---|---|---|---|---|\n" + "\n".join(
+            f"| `{name}` | {typ} | {group} | {owner} | {_cell(doc)} |" for name, typ, group, owner, doc in _fields()),
     ]
     return "\n\n".join(p for p in parts if p) + "\n"
 
