@@ -77,9 +77,7 @@ class LlamaEngine:
         if hooked not in self._sets:
             if hooked:
                 self.graph_token = ctl.token
-                forget = getattr(self.graph_token, "forget_costs", None)
-                if forget is not None:  # a new model: its ops' costs are learned afresh
-                    forget()
+                self.graph_token.forget_costs()  # a new model: its ops' costs are learned afresh
             self._sets[hooked] = self._build_set(self.graph_token if hooked else None)
         s = self._sets[hooked]
         if hooked:
