@@ -4,7 +4,7 @@ the heavy markers: a test is marked by what it starts, never by hand.
 * ``MARKS_BY_FIXTURE``: a fixture that starts something marks every test that uses it.
 * ``MARKS_BY_TEST``: what a test starts that no fixture shows (a ``cancelbench sweep``
   subprocess that reaches Ray, a namespace cluster built inline, field-scale work),
-  by ``file.py`` or ``file.py::test_name``.
+  by ``file.py``, ``file.py::test_name`` or ``file.py::test_name[parameter id]``.
 
 The ``cluster`` marker is kept honest at run time: every Ray started during a test
 (in this process or in a subprocess) leaves a session directory under this run's
@@ -41,6 +41,7 @@ MARKERS = {
 
 MARKS_BY_FIXTURE = {
     "local_ray": {"cluster"},  # this file: a local Ray
+    "ray_local": {"cluster"},  # test_reports.py: a local Ray for the Ray Data report path
     "ray_cluster": {"cluster"},  # test_cluster.py: a 3-node ray.cluster_utils.Cluster
     "hosts": {"cluster", "netns"},  # test_multihost.py: Ray across network namespaces
     "vulkan_site": {"vulkan"},  # test_backends.py: llama.cpp's Vulkan build on lavapipe
@@ -51,6 +52,9 @@ MARKS_BY_TEST = {
     "test_sweep_interrupt.py": {"cluster"},  # `cancelbench sweep` subprocesses
     "test_sweep_failures.py": {"cluster"},  # `cancelbench sweep` subprocesses
     "test_multihost.py::test_local_ray_listens_on_loopback_only": {"cluster"},
+    # the sha256 check and the device check run on the agents, after Ray started
+    "test_cli.py::test_sha_mismatch": {"cluster"},
+    "test_cli.py::test_every_bad_config_is_one_line_exit_2_and_writes_nothing[backend the cluster lacks]": {"cluster"},
     "test_multihost.py::test_unauthenticated_cluster_is_joined_with_a_warning": {"cluster", "netns"},
     "test_cluster.py::test_sweep_across_cpu_and_vulkan_agents": {"vulkan"},
     "test_packaging.py": {"slow", "cluster"},  # builds and installs the package, then sweeps with it
@@ -61,7 +65,9 @@ MARKS_BY_TEST = {
 def marks_for(item: pytest.Item) -> set[str]:
     """The heavy markers ``item`` gets from what it starts."""
     file = Path(str(item.fspath)).name
-    marks = set(MARKS_BY_TEST.get(file, ())) | set(MARKS_BY_TEST.get(f"{file}::{item.originalname}", ()))
+    marks = set()
+    for key in (file, f"{file}::{item.originalname}", f"{file}::{item.name}"):  # file, test, one parameter
+        marks |= MARKS_BY_TEST.get(key, set())
     for name in getattr(item, "fixturenames", ()):
         marks |= MARKS_BY_FIXTURE.get(name, set())
     return marks

@@ -14,10 +14,13 @@ def test_every_declared_test_exists():
     """A renamed file or test would silently lose its markers: every entry must still name one."""
     for key in conftest.MARKS_BY_TEST:
         file, _, name = key.partition("::")
+        name, _, param = name.partition("[")
         assert (HERE / file).is_file(), f"MARKS_BY_TEST names a missing file: {key}"
         if name:
             assert re.search(rf"^def {re.escape(name)}\(", (HERE / file).read_text(), re.M), \
                 f"MARKS_BY_TEST names a missing test: {key}"
+        if param:
+            assert f'"{param[:-1]}"' in (HERE / file).read_text(), f"MARKS_BY_TEST names a missing parameter: {key}"
 
 
 def test_every_declared_fixture_exists():
