@@ -59,6 +59,9 @@ MARKS_BY_TEST = {
     "test_cluster.py::test_sweep_across_cpu_and_vulkan_agents": {"vulkan"},
     "test_packaging.py": {"slow", "cluster"},  # builds and installs the package, then sweeps with it
     "test_field_fixtures.py::test_field_sets_match_their_locks_and_the_tts_pair_decodes_a_window": {"slow"},
+    # 30 cancel/run cycles each, for a memory slope: the longest loops of the engine tests
+    "test_tts_engine.py::test_memory_flat_over_30_cancel_run_cycles": {"slow"},
+    "test_stt_engine.py::test_memory_flat_over_30_cancel_run_cycles": {"slow"},
 }
 
 
