@@ -30,13 +30,21 @@ APT_PACKAGES := chromium iproute2
 
 DEMO_OUT ?= results/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: demo test setup system-deps wheel fixtures bench clean
+.PHONY: demo test test-fast setup system-deps wheel fixtures bench clean
 
 demo: setup fixtures
 	$(BIN)/cancelbench sweep --out $(DEMO_OUT)
 
 test: setup fixtures
 	$(BIN)/python -m pytest -q
+
+# The quick loop (a few minutes on 2 cores): no Ray, no network namespaces, no Vulkan,
+# no browser, nothing slow. tests/conftest.py marks tests by what they start and fails
+# one that starts Ray without the cluster marker.
+FAST_MARKS := not cluster and not netns and not vulkan and not browser and not slow
+
+test-fast: setup fixtures
+	$(BIN)/python -m pytest -q -m "$(FAST_MARKS)"
 
 bench: setup fixtures
 	$(BIN)/python benchmarks/bench_mechanisms.py

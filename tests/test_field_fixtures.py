@@ -162,7 +162,6 @@ def test_real_strides_run_one_code2wav_window_of_138240_samples(tmp_path):
     assert np.isfinite(pcm).all() and np.abs(pcm).max() > 0
 
 
-@pytest.mark.slow
 def test_field_sets_match_their_locks_and_the_tts_pair_decodes_a_window(tmp_path):
     """~1.9 GB written: every field set, verified against the committed locks, then one
     code2wav window of the field TTS pair. 25 s on an idle 2-core machine, 2-3 min when

@@ -16,31 +16,29 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from cancelbench.request import TrialRequest
 from cancelbench import native
 from cancelbench.device_agents import backends
 from cancelbench.device_agents.engines.base import CancelControl, Progress
 from cancelbench.device_agents.engines.registry import ENGINES
 from cancelbench.device_agents.engines.text import TextEngine
+from cancelbench.request import TrialRequest
 
-from helpers import cancel_when
+from helpers import cancel_inside_call
 from test_backends import lavapipe_index, vulkan_site  # noqa: F401  (fixtures)
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the engine keeps talking about cancel latency."
 HUGE_SLICE_US = 10_000_000
 
 
-def _trial(eng: TextEngine, token: native.CancelToken, predicate=None):
-    """One graph_eval trial, agent style: one token, reset per trial; a cancel fired
-    from another thread once ``predicate(progress, token)`` holds."""
+def _trial(eng: TextEngine, token: native.CancelToken, cancel_when=None):
+    """One graph_eval trial, agent style: one token, reset per trial; with ``cancel_when``,
+    the cancel lands inside the first llama_decode that starts while ``cancel_when(progress)``
+    holds, before its graph runs (by construction, not by timing)."""
     token.reset()
     ctl = CancelControl(token, Progress())
-    th = cancel_when(ctl, lambda p: predicate(p, token)) if predicate else None
+    if cancel_when is not None:
+        cancel_inside_call(ctl, "llama_decode", cancel_when)
     res = eng.run(TrialRequest(input=PROMPT, mechanism="graph_eval"), ctl)
-    if th is not None:
-        th.join()
     return res, ctl
 
 
@@ -58,8 +56,8 @@ def scenario(model: str, n_gpu_layers: int, prompt_tokens: int, slice_us: int) -
     try:
         ref, _ = _trial(eng, token)
         out["ref"] = {"outcome": ref.outcome, "sha": ref.output_sha256, **_counts(token)}
-        # cancel once the reader has been asked about 3 nodes of the single prefill decode
-        res, ctl = _trial(eng, token, lambda p, t: t.polls >= 3)
+        # the cancel lands inside the single prefill decode
+        res, ctl = _trial(eng, token, lambda p: True)
         out["cancel"] = {"outcome": res.outcome, "phase": res.phase_at_terminal, "decode_rc": res.decode_rc,
                          "tokens_done": ctl.progress.input_tokens_done, "kv_pos_max": eng.kv_pos_max(),
                          "received_ns": ctl.received_ns, "returned_ns": ctl.native_returned_ns, **_counts(token)}
@@ -83,8 +81,7 @@ def scenario(model: str, n_gpu_layers: int, prompt_tokens: int, slice_us: int) -
     step = prompt_tokens // 4
     multi = TextEngine({**base, "n_batch": step})
     try:
-        res, ctl = _trial(multi, token,
-                          lambda p, t: p.input_tokens_done >= step and p.native_call == "llama_decode")
+        res, ctl = _trial(multi, token, lambda p: p.input_tokens_done >= step)  # in the second batch's decode
         out["multi"] = {"outcome": res.outcome, "phase": res.phase_at_terminal, "step": step,
                         "tokens_done": ctl.progress.input_tokens_done, "kv_pos_max": multi.kv_pos_max(),
                         **_counts(token)}
@@ -103,7 +100,7 @@ def check(out: dict) -> None:
     assert c["outcome"] == "cancelled" and c["phase"] == "prefill" and c["tokens_done"] == 0
     assert c["seen_ns"] >= c["set_ns"] >= c["received_ns"] > 0  # the eval reader saw the byte ...
     assert c["returned_ns"] >= c["seen_ns"]                      # ... before llama_decode returned
-    assert 3 <= c["polls"] < nodes_two_decodes // 2, "the stopped decode asked about fewer nodes than its graph has"
+    assert 1 <= c["polls"] < nodes_two_decodes // 2, "the stopped decode asked about fewer nodes than its graph has"
     assert c["decode_rc"] == 0  # the stop is silent: llama_decode itself reports success
     assert c["kv_pos_max"] == -1  # the stopped batch's positions were removed
     # the context is reusable: same output as before, as a fresh engine, as the plain context
@@ -118,7 +115,7 @@ def check(out: dict) -> None:
     assert s0["syncs"] > sd["syncs"] > sh["syncs"] >= 1
     m = out["multi"]
     assert m["outcome"] == "cancelled" and m["phase"] == "prefill"
-    assert m["step"] <= m["tokens_done"] < 4 * m["step"] and m["tokens_done"] % m["step"] == 0
+    assert m["tokens_done"] == m["step"]  # the first batch ran, the second was stopped
     assert m["seen_ns"] > 0  # stopped inside a decode, by the reader
     assert m["kv_pos_max"] == m["tokens_done"] - 1  # earlier batches kept, the stopped one removed
 
@@ -143,7 +140,6 @@ print("RESULT:" + json.dumps(out))
 '''
 
 
-@pytest.mark.vulkan
 def test_graph_eval_on_vulkan_lavapipe(vulkan_site, lavapipe_index, small_text_model):  # noqa: F811
     dev = f"vulkan:{lavapipe_index}"
     env = {**os.environ, **vulkan_site, **backends.backend_env(dev)}

@@ -23,8 +23,6 @@ from cancelbench.sink import read_manifest, read_records
 
 import netns
 
-pytestmark = pytest.mark.cluster
-
 _WHY_NOT = netns.netns_unavailable()
 needs_netns = pytest.mark.skipif(_WHY_NOT is not None and not netns.REQUIRE,
                                  reason=f"network namespaces unavailable: {_WHY_NOT}")
@@ -164,7 +162,6 @@ def _table(stdout: str) -> set[tuple[str, str]]:
 
 
 @needs_netns
-@pytest.mark.netns
 def test_agents_lists_every_host_over_the_network(hosts):
     r = _agents(hosts, "--backend", "cpu", "--backend", "metal")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -185,7 +182,6 @@ def _one_line(stderr: str) -> str:
 
 
 @needs_netns
-@pytest.mark.netns
 def test_token_cluster_with_a_missing_or_wrong_token_is_one_clear_line(hosts, tmp_path):
     empty_home = tmp_path / "home"
     empty_home.mkdir()
@@ -207,7 +203,6 @@ def _write_toml(path: Path, **kw) -> Path:
 
 
 @needs_netns
-@pytest.mark.netns
 def test_cross_host_sweep_with_driver_delivery(hosts, tmp_path):
     out = tmp_path / "x"
     toml = _write_toml(tmp_path / "x.toml", seed=3, trials=6, duration_us=100_000)
@@ -226,7 +221,6 @@ def test_cross_host_sweep_with_driver_delivery(hosts, tmp_path):
 
 
 @needs_netns
-@pytest.mark.netns
 def test_ray_job_submit_runs_a_sweep(hosts, tmp_path):
     """The README's `ray job submit --working-dir .`, from another host to the head's dashboard."""
     out = tmp_path / "job"
@@ -249,7 +243,6 @@ def _host_rows(out: Path, host: str) -> int:
 
 
 @needs_netns
-@pytest.mark.netns
 def test_host_cut_mid_sweep_then_rejoined_and_resumed(hosts, tmp_path):
     out = tmp_path / "cut"
     toml = _write_toml(tmp_path / "cut.toml", seed=5, trials=60, duration_us=50_000)
@@ -299,7 +292,6 @@ def test_host_cut_mid_sweep_then_rejoined_and_resumed(hosts, tmp_path):
 
 # -- a cluster with token auth off ----------------------------------------------------------------
 @needs_netns
-@pytest.mark.netns
 def test_unauthenticated_cluster_is_joined_with_a_warning(tmp_path):
     if _WHY_NOT is not None:
         pytest.fail(f"CANCELBENCH_REQUIRE_NETNS=1 but network namespaces are unavailable: {_WHY_NOT}")

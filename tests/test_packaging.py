@@ -22,8 +22,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.slow
-
 
 def _run(cmd, **kw) -> subprocess.CompletedProcess:
     cp = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)

@@ -139,7 +139,6 @@ def chromium(tmp_path):
     browser.close()
 
 
-@pytest.mark.browser
 def test_console_error_detection_works(chromium, tmp_path):
     """Guard for the browser check itself: a page that does log an error is caught."""
     bad = tmp_path / "bad.html"
@@ -198,7 +197,6 @@ def _lines_per_panel(ids: list[str]) -> dict[str, list[str]]:
     return panels
 
 
-@pytest.mark.browser
 def test_demo_report_first_screen_in_chromium(chromium, tmp_path):
     state, _ = _first_screen(chromium, tmp_path, demo_like_rows(), ["text"])
     assert state["verdictText"].startswith("WARN: no dropped cancels or lost trials")
@@ -211,7 +209,6 @@ def test_demo_report_first_screen_in_chromium(chromium, tmp_path):
         assert m in state["ecdfText"]
 
 
-@pytest.mark.browser
 def test_two_device_speech_report_first_screen_in_chromium(chromium, tmp_path):
     state, page = _first_screen(chromium, tmp_path, speech_rows(), ["stt-fixture", "tts-fixture"])
     assert [r[:2] for r in state["compare"][0]["rows"]] == [["abort_callback", "agent"], ["between_calls", "agent"],
@@ -223,7 +220,6 @@ def test_two_device_speech_report_first_screen_in_chromium(chromium, tmp_path):
     assert 'id="plot-uninterruptible"' in page.read_text(encoding="utf-8")
 
 
-@pytest.mark.browser
 def test_hostile_page_renders_in_chromium(chromium, page, tmp_path):
     import json
 

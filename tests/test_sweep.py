@@ -26,7 +26,7 @@ def test_hundred_immediate_cancels_are_never_dropped(local_ray, tmp_path):
     result = run_sweep(cfg, tmp_path / "imm", progress=False)
     df = read_records(tmp_path / "imm")
     cancels = df[df.trial_kind == "cancel"]
-    assert len(cancels) == 3 * 2 * 17 >= 100
+    assert len(cancels) == 3 * 2 * 17  # every planned cancel has its row: 102
     assert (cancels.outcome == "dropped").sum() == 0
     # Every immediate cancel is honoured (a cancel before the engine is active is latched).
     assert set(cancels.outcome) == {"cancelled"}, cancels.outcome.value_counts().to_dict()
@@ -59,10 +59,11 @@ def test_uniform_sweep_writes_the_documented_dataset(local_ray, tmp_path):
     assert ((c.t_terminal_ns - c.t_received_ns) / 1e6 - c.latency_ms).abs().max() < 1e-6
     assert ((c.t_terminal_ns - c.t_issued_ns) / 1e6 - c.end_to_end_ms).abs().max() < 1e-6
     assert (c.cost_ratio - c.latency_ms / c.reference_ms).abs().max() < 1e-9
-    driver = c[c.delivery == "driver"]
+    driver, agent = c[c.delivery == "driver"], c[c.delivery == "agent"]
+    assert len(driver) > 0 and len(agent) > 0  # the checks below are not vacuous
     assert driver.t_issued_driver_ns.notna().all() and (driver.clock_uncertainty_ns > 0).all()
     assert ((driver.t_issued_ns - driver.t_issued_driver_ns) == driver.clock_offset_ns).all()
-    assert (c[c.delivery == "agent"].clock_uncertainty_ns == 0).all()
+    assert agent.t_issued_driver_ns.isna().all() and (agent.clock_uncertainty_ns == 0).all()
     assert c.phase_at_receipt.isin(["idle", "prefill", "generate"]).all()
     abort = c[c.mechanism == "abort_callback"]
     assert (abort.abort_polls > 0).any()
@@ -83,20 +84,24 @@ def test_uniform_sweep_writes_the_documented_dataset(local_ray, tmp_path):
 
 
 def test_probe_workload_calibrates_the_harness(local_ray, tmp_path):
-    """The known-answer probe through the whole harness: latency matches its period."""
+    """The known-answer probe through the whole harness: a cancel received during the busy
+    call is seen by the probe's own check (the native reader) and the harness's stamps of that
+    trial are in causal order around it; the known answer is computed for every such row."""
     probe = WorkloadSpec(name="probe", engine="probe", duration_us=150_000, period_us=2_000)
     cfg = config(workloads=(probe,), mechanisms=("abort_callback",), deliveries=("agent",), trials_per_cell=10,
                  offsets=OffsetSpec(plan="uniform", max_fraction=0.8))
     run_sweep(cfg, tmp_path / "probe", progress=False)
     df = read_records(tmp_path / "probe")
     c = df[(df.trial_kind == "cancel") & (df.outcome == "cancelled")]
-    assert len(c) >= 8
-    assert c.known_answer_error_ms.notna().all()
-    # Generous (a behaviour check, not a timing bound): the harness-measured latency
-    # is on the scale of the 2 ms check period, not of the 150 ms busy run, and the
-    # probe's return matches the known answer to within a period.
-    assert c.latency_ms.median() <= 3 * 2.0
-    assert c.known_answer_error_ms.abs().median() < 2.0
+    busy = c[c.native_call_at_receipt == "cb_probe_busy"]
+    assert len(busy) > 0, c.native_call_at_receipt.value_counts(dropna=False).to_dict()
+    assert (busy.decode_rc == 1).all()  # the probe itself stopped, not a check after it returned
+    assert busy.known_answer_error_ms.notna().all() and busy.t_native_observed_ns.notna().all()
+    assert (busy.t_start_ns <= busy.t_received_ns).all()
+    assert (busy.t_received_ns <= busy.t_native_observed_ns).all()
+    assert (busy.t_native_observed_ns <= busy.t_native_returned_ns).all()
+    assert (busy.t_native_returned_ns <= busy.t_terminal_ns).all()
+    assert (busy.abort_polls >= 1).all()
 
 
 def test_existing_results_are_never_overwritten(local_ray, tmp_path):

@@ -111,9 +111,8 @@ PHASE_TARGETS = {
 @pytest.mark.parametrize("mechanism", ["between_calls", "abort_callback", "graph_eval"])
 def test_phase_targeted_cancel_lands_in_that_phase(engine, phase, mechanism):
     ctl = _ctl()
-    th = cancel_when(ctl, PHASE_TARGETS[phase])
+    cancel_when(ctl, PHASE_TARGETS[phase])
     res, ctl = _run(engine, mechanism, ctl=ctl)
-    th.join(5)
     assert res.outcome == "cancelled"
     assert ctl.at_receipt["phase_at_receipt"] == phase
     assert res.phase_at_terminal == phase
@@ -173,9 +172,8 @@ def test_hundred_immediate_cancels_none_dropped(engine):
 def test_no_leaked_state_after_a_cancel(engine, reference, phase):
     for mech in ("between_calls", "graph_eval"):
         ctl = _ctl()
-        th = cancel_when(ctl, PHASE_TARGETS[phase])
+        cancel_when(ctl, PHASE_TARGETS[phase])
         res, _ = _run(engine, mech, ctl=ctl)
-        th.join(5)
         assert res.outcome == "cancelled"
         again, _ = _run(engine)
         assert again.outcome == "completed"
@@ -205,9 +203,8 @@ def test_memory_flat_over_30_cancel_run_cycles(tts_paths):
         rss = []
         for i in range(30):
             ctl = _ctl()
-            th = cancel_when(ctl, PHASE_TARGETS["generate"] if i % 2 else PHASE_TARGETS["prompt"])
+            cancel_when(ctl, PHASE_TARGETS["generate"] if i % 2 else PHASE_TARGETS["prompt"])
             eng.run(TrialRequest(input=TEXT, mechanism=("abort_callback", "graph_eval")[i % 2]), ctl)
-            th.join(5)
             res, _ = _run(eng)
             assert res.outcome == "completed"
             rss.append(_rss_kb())

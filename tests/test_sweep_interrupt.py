@@ -1,0 +1,84 @@
+"""Interrupting a `cancelbench sweep`: one sweep per --out, and SIGINT leaves an interrupted dataset.
+
+A real `cancelbench` process with its own local Ray, real Parquet files.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cancelbench.sink import LOCK_FILE, read_manifest, read_records
+from test_cli import cancelbench, write
+
+
+def start(*args) -> subprocess.Popen:
+    """A `cancelbench` process in its own session, so a failed test can end it with its Ray (killpg)."""
+    return subprocess.Popen([sys.executable, "-m", "cancelbench.cli", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for(predicate, what: str, proc: subprocess.Popen | None = None, timeout_s: float = 240.0) -> None:
+    """Poll an observable state (never a fixed sleep); fail if the process ends first."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"process ended (rc {proc.returncode}) before {what}: {proc.stderr.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+PROBE_SWEEP = """
+[sweep]
+trials_per_cell = {trials}
+mechanisms = ["abort_callback"]
+deliveries = ["agent"]
+ping_samples = 3
+[offsets]
+plan = "immediate"
+[[workload]]
+name = "probe"
+engine = "probe"
+duration_us = 20000
+period_us = 1000
+"""
+
+
+def test_one_sweep_per_out_and_sigint_leaves_an_interrupted_dataset(tmp_path):
+    out = tmp_path / "out"
+    cfg = write(tmp_path, PROBE_SWEEP.format(trials=400))
+    first = start("sweep", "--config", cfg, "--out", out, "--quiet", "--no-summary")
+    try:
+        lock = out / LOCK_FILE
+        # Observable: the first sweep holds the lock once its pid is in the lock file.
+        wait_for(lambda: lock.is_file() and lock.read_text() == str(first.pid), "the first sweep's lock", first)
+        os.kill(first.pid, signal.SIGSTOP)  # frozen while holding it: the second run cannot race past it
+        try:
+            second = cancelbench("sweep", "--config", cfg, "--out", out, "--quiet", "--no-summary")
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        assert second.returncode == 2, second.stderr[-3000:]
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and "another cancelbench sweep" in lines[0] and str(first.pid) in lines[0]
+
+        wait_for(lambda: any((out / "records").rglob("*.parquet")), "records on disk", first)
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:  # the test failed mid-way: end the sweep and the Ray it started
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    assert first.returncode == 130, err[-3000:]
+    manifest = read_manifest(out)
+    assert manifest["status"] == "interrupted"
+    df = read_records(out)
+    assert 0 < len(df) < manifest["planned_trials"]
+    assert df.trial_id.is_unique and set(df.sweep_id) == {manifest["sweep_id"]}  # one sweep wrote here
+    assert not lock.exists()
+    report = cancelbench("report", out)
+    assert f"partial dataset, {len(df)} of {manifest['planned_trials']} planned trials on disk" in report.stderr
+    assert "interrupted" in report.stderr
