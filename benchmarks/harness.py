@@ -32,7 +32,7 @@ from pathlib import Path
 os.environ.setdefault("RAY_AUTH_MODE", "token")  # before any `import ray`: a Ray we start has token auth on
 
 from cancelbench.orchestrator.config import SweepConfig, load_config, with_trials  # noqa: E402
-from cancelbench.reports import Filters, build_report  # noqa: E402
+from cancelbench.reports import build_report  # noqa: E402
 from cancelbench.reports import stats  # noqa: E402
 from cancelbench.reports.tables import ReportSpec  # noqa: E402
 
@@ -211,32 +211,40 @@ def high(cell: dict | None) -> tuple[float | None, str]:
     return (cell["p99_ms"], "p99") if cell["p99_ms"] is not None else (cell["max_ms"], "max")
 
 
-def column_distribution(out: Path, column: str, **where) -> dict:
-    """n / p50 / p99 (min-sample rule) / max of one record column over the cancelled
-    cancel rows matching ``where`` (a figure the report does not print; same stats)."""
+def column_distribution(out: Path, columns: str | list[str], **where) -> dict:
+    """n / p50 / p99 (min-sample rule) / max of one record column, or of the sum of
+    several (a null term counts 0; the first must be present), over the cancelled
+    cancel rows matching ``where``: a figure the report does not print, with the
+    report's nearest-rank statistics."""
     from cancelbench.sink import read_records
 
+    columns = [columns] if isinstance(columns, str) else list(columns)
     df = read_records(out)
-    sel = (df.trial_kind == "cancel") & (df.outcome == "cancelled") & df[column].notna()
+    sel = (df.trial_kind == "cancel") & (df.outcome == "cancelled") & df[columns[-1]].notna()
     for k, v in where.items():
         sel &= df[k] == v
-    vals = df.loc[sel, column].astype(float).tolist()
+    vals = df.loc[sel, columns].astype(float).fillna(0.0).sum(axis=1).tolist()
     n = len(vals)
     pct = {label: (stats.percentile(vals, p) if n >= stats.min_samples(p) else None)
            for label, p in (("p50_ms", 0.5), ("p99_ms", 0.99))}
-    return {"column": column, "rows": {"trial_kind": "cancel", "outcome": "cancelled", **where}, "n": n, **pct,
-            "max_ms": max(vals) if vals else None}
+    return {"columns": " + ".join(columns), "rows": {"trial_kind": "cancel", "outcome": "cancelled", **where},
+            "n": n, **pct, "max_ms": max(vals) if vals else None}
 
 
-def reference_durations(out: Path) -> dict[tuple[str, str], list[float]]:
-    """(workload, mechanism) -> durations (ms) of the completed reference runs."""
-    from cancelbench.reports.load import load_references
+def previous_run(json_path: Path) -> dict:
+    """The run facts of an earlier benchmark JSON (re-summarising a dataset without re-running it)."""
+    return json.loads(Path(json_path).read_text())["run"]
 
-    refs = load_references([out], Filters())
-    durs: dict[tuple[str, str], list[float]] = {}
-    for (w, m), g in refs.groupby(["workload", "mechanism"], observed=True):
-        durs[(str(w), str(m))] = sorted(float(x) for x in g["duration_ms"].dropna())
-    return durs
+
+def reference_rows(out: Path) -> dict[tuple[str, str], list[dict]]:
+    """(workload, mechanism) -> the reference (uncancelled) rows, for ``schema.reference_run``."""
+    from cancelbench.sink import read_records
+
+    df = read_records(out, columns=["trial_id", "trial_kind", "workload", "mechanism", "outcome", "duration_ms"])
+    rows: dict[tuple[str, str], list[dict]] = {}
+    for r in df[df.trial_kind == "reference"].to_dict("records"):
+        rows.setdefault((str(r["workload"]), str(r["mechanism"])), []).append(r)
+    return rows
 
 
 # -------------------------------------------------------------------- write --
