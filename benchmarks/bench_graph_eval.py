@@ -300,7 +300,6 @@ def run_device_child(args, part: str = "device") -> dict:
 
 
 SWEEP_NAME = "graph_eval_cpu"
-SWEEP_DEFAULT_TRIALS = 12
 
 
 def cpu_sweep(args) -> int:
@@ -320,12 +319,17 @@ def cpu_sweep(args) -> int:
     except harness.OutputExists as exc:
         print(f"bench_graph_eval: {exc}", file=sys.stderr)
         return 2
-    eng = TextEngine({"model": str(ensure_text_fixture("text-llama-57m")), "n_threads": 1, "n_batch": 256,
-                      "prompt_tokens": 256, "max_tokens": 1, "graph_slice_us": DEFAULT})
-    try:
-        node_ms = largest_node_ms(eng)
-    finally:
-        eng.close()
+    if args.resummarise:  # the config the dataset was run with, not this command line's
+        config = harness.config_of(out)
+    if args.resummarise:  # the calibration belongs to the run: keep it
+        node_ms = json.loads(json_path.read_text())["largest_node"]["ms"]
+    else:
+        eng = TextEngine({"model": str(ensure_text_fixture("text-llama-57m")), "n_threads": 1, "n_batch": 256,
+                          "prompt_tokens": 256, "max_tokens": 1, "graph_slice_us": DEFAULT})
+        try:
+            node_ms = largest_node_ms(eng)
+        finally:
+            eng.close()
     summary = harness.summarise(out)
     refs = harness.reference_rows(out)
     slices = {}
@@ -351,8 +355,9 @@ def cpu_sweep(args) -> int:
     extra = {"largest_node": {"ms": node_ms, "how": "one uncancelled slice-0 graph_eval run in the benchmark "
                                                      "process (max_range_ns): a calibration, not a trial"},
              "derived": slices}
+    full = harness.load_config(harness.CONFIGS / f"{SWEEP_NAME}.toml").trials_per_cell
     harness.write_json(json_path, name=SWEEP_NAME, config=config, run_facts=facts, summary=summary,
-                       machine=machine, extra=extra, note=args.note, default_trials=SWEEP_DEFAULT_TRIALS)
+                       machine=machine, extra=extra, note=args.note, default_trials=full)
     harness.print_cells(summary["cells"])
     for name, d in slices.items():
         print(f"{name}: residue p50 {d['residue']['p50_ms']} max {d['residue']['max_ms']} (n {d['residue']['n']}); "

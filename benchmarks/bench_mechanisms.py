@@ -27,7 +27,7 @@ No longer measured here, because they are not trials of the sweep path:
   engine's ``known_answer_error_ms`` column and the driver gap are measured by
   sweeps of the probe engine (``tests/test_sweep.py``, ``bench_driver.py``).
 
-    python benchmarks/bench_mechanisms.py [--trials 40] [--out DIR] [--force] [--note TEXT]
+    python benchmarks/bench_mechanisms.py [--trials 40] [--out DIR] [--force] [--note TEXT] [--resummarise]
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 NAME = "mechanisms"
-DEFAULT_TRIALS = 40
 TARGET_RATIO = 20.0
 
 
@@ -59,20 +58,24 @@ def ratio_target(cells: list[dict], delivery: str) -> dict:
 
 
 def main() -> int:
-    args = harness.arg_parser(NAME, __doc__.splitlines()[0], DEFAULT_TRIALS).parse_args()
+    args = harness.arg_parser(NAME, __doc__.splitlines()[0]).parse_args()
     out, json_path = harness.paths(NAME, args.out)
     config = harness.config_for(args)
     machine = harness.machine_facts()
     try:
-        facts = harness.run(config, out, force=args.force, json_path=json_path)
+        facts = (harness.previous_run(json_path) if args.resummarise
+                 else harness.run(config, out, force=args.force, json_path=json_path))
     except harness.OutputExists as exc:
         print(f"bench_mechanisms: {exc}", file=sys.stderr)
         return 2
+    if args.resummarise:  # the config the dataset was run with, not this command line's
+        config = harness.config_of(out)
     summary = harness.summarise(out)
     targets = {f"abort_p99_20x_below_between_calls_{d}": ratio_target(summary["cells"], d)
                for d in config.deliveries}
     harness.write_json(json_path, name=NAME, config=config, run_facts=facts, summary=summary, machine=machine,
-                       extra={"targets": targets}, note=args.note, default_trials=DEFAULT_TRIALS)
+                       extra={"targets": targets}, note=args.note,
+                       default_trials=harness.load_config(args.config).trials_per_cell)
     harness.print_cells(summary["cells"])
     for key, t in targets.items():
         verdict = {True: "met", False: "NOT met", None: "indicative only"}[t["met"]]

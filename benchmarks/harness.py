@@ -70,16 +70,18 @@ def machine_facts() -> dict:
 
 
 # ---------------------------------------------------------------------- run --
-def arg_parser(name: str, description: str, default_trials: int | None = None) -> argparse.ArgumentParser:
+def arg_parser(name: str, description: str) -> argparse.ArgumentParser:
     """The options every converted benchmark shares."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--config", type=Path, default=CONFIGS / f"{name}.toml", help="sweep TOML")
-    ap.add_argument("--trials", type=int, default=default_trials,
-                    help="override sweep.trials_per_cell (a smaller number is a smoke-scale run)")
+    ap.add_argument("--trials", type=int, default=None,
+                    help="override the config's sweep.trials_per_cell (fewer: a smoke-scale run, said in the JSON)")
     ap.add_argument("--out", type=Path, default=None,
                     help=f"dataset directory (default benchmarks/results/{name}/; the JSON goes beside it)")
     ap.add_argument("--force", action="store_true", help="replace an existing dataset and JSON")
     ap.add_argument("--note", default="", help="free text stored in the JSON (e.g. why the run is small)")
+    ap.add_argument("--resummarise", action="store_true",
+                    help="summarise the existing dataset again (no sweep; the run facts come from its JSON)")
     return ap
 
 
@@ -231,6 +233,28 @@ def column_distribution(out: Path, columns: str | list[str], **where) -> dict:
             "n": n, **pct, "max_ms": max(vals) if vals else None}
 
 
+def config_of(out: Path) -> SweepConfig:
+    """The config a dataset was run with (its manifest's), validated again."""
+    from cancelbench.orchestrator.config import parse_config
+    from cancelbench.sink import read_manifest
+
+    c = read_manifest(out)["config"]
+    sweep = {k: c[k] for k in ("seed", "trials_per_cell", "reference_runs", "mechanisms", "deliveries",
+                               "ping_samples") if c.get(k) is not None}
+    sweep.update({k: c[k] for k in ("input_seed", "offset_seed") if c.get(k) is not None})
+    offsets = {k: v for k, v in c["offsets"].items() if not (k == "fixed_ms" and not v)}
+    devices = {"backends": c["devices"]["backends"], "hosts": c["devices"]["hosts"],
+               "labels": dict(c["devices"]["labels"])}
+    workloads = []
+    for w in c["workloads"]:
+        extra = w.get("extra") or {}
+        workloads.append({**{k: v for k, v in w.items() if k != "extra" and v is not None and v != []}, **extra})
+    config = parse_config({"sweep": sweep, "offsets": offsets, "devices": devices, "workload": workloads})
+    if config.to_json() != c:
+        raise ValueError(f"{out}: the manifest's config does not round-trip; re-run instead of --resummarise")
+    return config
+
+
 def previous_run(json_path: Path) -> dict:
     """The run facts of an earlier benchmark JSON (re-summarising a dataset without re-running it)."""
     return json.loads(Path(json_path).read_text())["run"]
@@ -253,7 +277,7 @@ def write_json(path: Path, *, name: str, config: SweepConfig, run_facts: dict, s
     """The benchmark's JSON: machine facts and run facts beside the numbers."""
     scale = "full"
     if default_trials is not None and config.trials_per_cell < default_trials:
-        scale = (f"smoke: {config.trials_per_cell} trials per cell (the benchmark's default is {default_trials}); "
+        scale = (f"smoke: {config.trials_per_cell} trials per cell (the config's is {default_trials}); "
                  "percentiles below their minimum sample count are null")
     doc = {
         "benchmark": name,
