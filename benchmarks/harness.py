@@ -95,8 +95,8 @@ def run(config: SweepConfig, out: Path, *, force: bool = False, json_path: Path 
     """Run ``config`` through ``run_sweep`` into ``out``; returns the run facts
     (sweep id, outcomes, exit code, load average at start and end, wall time).
 
-    Refuses an ``out`` (or a ``json_path``) that exists unless ``force`` (then
-    it is replaced). A
+    Refuses an ``out`` (or a ``json_path``) that exists unless ``force``; with
+    it, ``out`` is replaced only if it is a cancelbench dataset (or empty). A
     local Ray this call starts is shut down before it returns.
     """
     import ray
@@ -109,6 +109,10 @@ def run(config: SweepConfig, out: Path, *, force: bool = False, json_path: Path 
     if out.exists():
         if not force:
             raise OutputExists(f"{out} exists; pass --force to replace it or --out to write elsewhere")
+        from cancelbench.sink import MANIFEST, RECORDS_DIR
+
+        if any(out.iterdir()) and not ((out / MANIFEST).exists() or (out / RECORDS_DIR).is_dir()):
+            raise OutputExists(f"{out} is not a cancelbench dataset; --force replaces only a dataset")
         shutil.rmtree(out)
     started_ray = not ray.is_initialized()
     load_start, t0 = _loadavg(), time.monotonic()

@@ -84,6 +84,11 @@ def test_refuses_to_overwrite_without_force(bench):
     with pytest.raises(harness.OutputExists):
         harness.run(CONFIG, out.with_name("elsewhere"), json_path=json_path)
     assert not out.with_name("elsewhere").exists()
+    stranger = out.with_name("not-a-dataset")
+    (stranger / "keep").mkdir(parents=True)
+    with pytest.raises(harness.OutputExists):  # --force replaces a dataset, never any directory
+        harness.run(CONFIG, stranger, force=True)
+    assert (stranger / "keep").is_dir()
 
 
 def test_the_dataset_knows_its_config(bench):
