@@ -46,8 +46,17 @@ FAST_MARKS := not cluster and not netns and not vulkan and not browser and not s
 test-fast: setup fixtures
 	$(BIN)/python -m pytest -q -m "$(FAST_MARKS)"
 
+# The benchmarks that run through the sweep path (benchmarks/harness.py): each
+# writes benchmarks/results/<name>/ (a dataset) and <name>.json (its summary),
+# then the report reproduces the JSON's figures. BENCH_ARGS (both scripts):
+# --force replaces the committed results; BENCH_ARGS= refuses to overwrite them.
+BENCH_ARGS ?= --force
+
 bench: setup fixtures
-	$(BIN)/python benchmarks/bench_mechanisms.py
+	$(BIN)/python benchmarks/bench_mechanisms.py $(BENCH_ARGS)
+	$(BIN)/cancelbench report benchmarks/results/mechanisms/
+	$(BIN)/python benchmarks/bench_graph_eval.py $(BENCH_ARGS)
+	$(BIN)/cancelbench report benchmarks/results/graph_eval_cpu/
 
 setup: system-deps $(VENV)/.stamp-install-$(LLAMA_VARIANT)
 

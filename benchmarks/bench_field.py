@@ -16,6 +16,26 @@ The TTS trials are short (``--frames`` frames, then the final code2wav window),
 because one frame costs seconds on a shared 2-core machine; the window, the
 phase of interest, is full size in every trial. JSON: benchmarks/results/field.json.
 
+Not through the sweep path (issue 15, item 5: not converted). What still
+bypasses it, and why:
+
+* every cancel trial and reference run: ``bench_speech``'s in-process loop
+  (engines built here, cancels aimed at a native call in flight by a progress
+  predicate; no Ray, no records, no dataset), for the reasons in
+  ``bench_speech.py``'s docstring: the sweep aims by time, and at field scale
+  (trials of 10-60 s on 2 shared cores, reference runs and cancel trials 2-5x
+  apart) time-aimed cancels miss their phase; event-anchored offset plans are
+  being added to the planner in parallel;
+* the dropped-cancel status quo: *emulated* here (the cancel is never
+  delivered and the synthesis runs to its end); no product mechanism drops a
+  cancel, so a sweep cannot run it, by design;
+* the node profile and the code2wav window timing: calibrations under a
+  Python eval callback, not trials.
+
+The one field-scale run through Ray is a plain sweep
+(``cancelbench sweep --config datasets/sweeps/field.toml``); its dataset was
+not kept (``docs/benchmarks.md``).
+
     python benchmarks/bench_field.py [--trials 2] [--refs 1] [--frames 1] [--threads 2]
 """
 

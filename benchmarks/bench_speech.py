@@ -22,6 +22,32 @@ of the target phase. Per cell it reports:
 
 JSON goes to stdout and to benchmarks/results/speech.json.
 
+Not through the sweep path (issue 15, item 5: not converted yet). What still
+bypasses it, and why:
+
+* every trial: engines are built in this process (``TtsEngine``/``SttEngine``)
+  and run from this file's loop, with no Ray, no agent, no records, no
+  dataset; its percentiles use ``reports.stats.percentile`` but not the
+  report's minimum-sample rule, so ``cancelbench report`` cannot reproduce
+  ``speech.json``;
+* the cancel is aimed at an *event*: a thread waits until the engine's
+  progress shows the target phase *and* a native call in flight, then fires
+  at a random point of that call's reference duration. The sweep's offset
+  plans aim by *time* from the hand-back (``phase``: a fraction of the
+  reference run's time in the phase), so on a shared host a large share of
+  them miss the call (``docs/benchmarks.md``, field scale: 5 of 10 TTS
+  cancels landed after the trial ended). Event-anchored offset plans are
+  being added to the planner (orchestrator/plan.py) in parallel; this
+  benchmark should become a config of ``benchmarks/harness.py`` once they land;
+* ``call_ms`` and ``uninterruptible_share`` need per-native-call durations of
+  the reference runs; records carry per-phase durations only
+  (``phase_durations_json``), not per call;
+* ``node_ms_mean`` and the node profile (``node_profile``) time graph nodes
+  under a Python eval callback: calibrations, not trials.
+
+A sweep of the same fixtures does run through the sweep path:
+``cancelbench sweep --config datasets/sweeps/speech.toml``.
+
     python benchmarks/bench_speech.py [--trials 8] [--refs 3] [--threads 1]
 """
 
