@@ -51,6 +51,8 @@ MARKS_BY_FIXTURE = {
 MARKS_BY_TEST = {
     "test_sweep_interrupt.py": {"cluster"},  # `cancelbench sweep` subprocesses
     "test_sweep_failures.py": {"cluster"},  # `cancelbench sweep` subprocesses
+    "test_harness.py": {"cluster"},  # benchmarks/harness.py runs a sweep in process
+    "test_contract.py::test_diff_of_sweeps_differing_only_in_graph_slice_says_so": {"cluster"},  # two sweeps
     "test_multihost.py::test_local_ray_listens_on_loopback_only": {"cluster"},
     # the sha256 check and the device check run on the agents, after Ray started
     "test_cli.py::test_sha_mismatch": {"cluster"},
