@@ -27,8 +27,17 @@ class TrialRequest:
     delivery: str = NOT_APPLICABLE  # driver | agent | none (reference)
     input_id: str = ""
     lang: str | None = None  # per-input language (corpus), over the workload's
-    # agent delivery: fire the cancel at hand-back + this many ms (the one origin of every offset)
+    # The cancel's anchor (schema: t_anchor_ns) and its delay after it. No anchor_phase: the
+    # hand-back. anchor_phase alone: entry into that phase. With anchor_step k: the start of
+    # the k-th step call of that phase, and the delay is step_fraction of the previous step
+    # call's duration when there was one (offset_ms, from the reference run, otherwise).
     offset_ms: float | None = None
+    anchor_phase: str | None = None
+    anchor_step: int | None = None
+    step_fraction: float | None = None
+    # The reference run's time from hand-back to entering anchor_phase: the agent scales
+    # offset_ms by this trial's own pace so far (its time to the same event over this).
+    anchor_ref_ms: float | None = None
     wav_out: str | None = None  # tts reference runs: where to keep the synthesis for listening
 
     def __post_init__(self) -> None:
@@ -38,8 +47,17 @@ class TrialRequest:
             raise ValueError(f"unknown delivery {self.delivery!r}")
         if self.offset_ms is not None and not (self.offset_ms >= 0):
             raise ValueError(f"offset_ms must be >= 0, got {self.offset_ms!r}")
+        if self.anchor_step is not None and (self.anchor_phase is None or self.anchor_step < 1):
+            raise ValueError("anchor_step needs anchor_phase and must be >= 1")
 
     @property
-    def agent_timer(self) -> bool:
-        """Whether the agent itself fires this trial's cancel."""
-        return self.trial_kind == "cancel" and self.delivery == "agent" and self.offset_ms is not None
+    def anchor_kind(self) -> str:
+        """handback | phase | progress: which engine event the cancel is anchored to."""
+        if self.anchor_phase is None:
+            return "handback"
+        return "progress" if self.anchor_step is not None else "phase"
+
+    @property
+    def has_cancel(self) -> bool:
+        """A planned cancel (resolved): the agent watches for its anchor."""
+        return self.trial_kind == "cancel" and self.offset_ms is not None

@@ -7,13 +7,17 @@ once (``merge``), and ``finalize`` classifies and derives.
 
 Offsets
 -------
-Every offset is measured from one origin for both deliveries: the agent's
-hand-back ``t_handback_ns`` (run_trial entered on the agent). ``agent``
-delivery fires from a timer on the agent at hand-back + offset; ``driver``
-delivery waits for the hand-back event to reach the driver
-(``t_anchor_seen_ns``), then fires at the same instant converted to the
-driver clock (or at once, if that instant has passed: ``schedule_lag_ms``
-shows it).
+Every cancel is anchored to an engine event, ``t_anchor_ns``, the same for
+both deliveries: the agent's hand-back (run_trial entered) for the time plans
+(immediate, uniform, fixed), entry into the target phase (``phase``), or the
+start of the k-th step call of the target phase (``progress``). It is due at
+anchor + ``offset_target_ms`` (``t_cancel_scheduled_ns``). ``agent`` delivery
+fires from a timer the agent starts at the event; ``driver`` delivery waits
+for the event to reach the driver (``t_anchor_seen_ns``, its hop
+``anchor_hop_ms``), then fires at the due instant converted to the driver
+clock (or at once, if it has passed: ``schedule_lag_ms`` shows it).
+``offset_actual_ms`` stays measured from hand-back, so offsets of every plan
+share one axis.
 
 Clock domains
 -------------
@@ -128,10 +132,12 @@ _FIELDS: list[tuple] = [
     ("input_id", _STR, "plan", "id of the prompt/clip from datasets/"),
     ("mechanism", _STR, "plan", "between_calls | abort_callback | chunked | graph_eval"),
     ("delivery", _STR, "plan", "driver (actor call from the driver) | agent (agent-side timer) | none (reference)"),
-    ("offset_plan", _STR, "plan", "immediate | uniform | fixed | phase | none (reference)"),
+    ("offset_plan", _STR, "plan", "immediate | uniform | fixed | phase | progress | phase_time | none (reference)"),
     ("offset_fraction", _F64, "plan", "planned offset as a fraction of the reference duration (uniform/phase)"),
-    ("target_phase", _STR, "plan", "phase the offset aims at (phase plan)"),
-    ("offset_target_ms", _F64, "plan", "planned offset from the origin (the agent's hand-back, t_handback_ns), ms"),
+    ("target_phase", _STR, "plan", "phase the cancel aims at (phase and progress plans)"),
+    ("anchor_step", _I32, "plan", "progress plan: the cancel is anchored on the start of this step call (1-based) "
+     "of the target phase"),
+    ("offset_target_ms", _F64, "plan", "planned delay from the anchor event (t_anchor_ns), ms"),
     ("reference_ms", _F64, "plan", "duration of the reference run (plan.reference_run) the offset was resolved on"),
     ("phase_at_receipt", _STR, "receipt", "engine phase when the cancel was received"),
     ("native_call_at_receipt", _STR, "receipt", "native call in flight at receipt, or null"),
@@ -142,9 +148,11 @@ _FIELDS: list[tuple] = [
     ("phase_at_terminal", _STR, "receipt", "phase in which the engine stopped"),
     ("t_handback_ns", _I64, "timestamps", "agent: run_trial entered (the task is handed back): the origin of every offset"),
     ("t_start_ns", _I64, "timestamps", "agent: first native call started"),
+    ("t_anchor_ns", _I64, "timestamps", "agent: the anchor event the offset runs from (hand-back for the time "
+     "plans; entry into the target phase; start of the anchor step), null if it never happened"),
     ("t_anchor_seen_ns", _I64, "timestamps",
-     "agent clock: when the driver learned of the hand-back (driver delivery; driver time converted)", "driver"),
-    ("t_cancel_scheduled_ns", _I64, "timestamps", "agent clock: t_handback + offset_target (when the cancel was due)",
+     "agent clock: when the driver learned of the anchor event (driver delivery; driver time converted)", "driver"),
+    ("t_cancel_scheduled_ns", _I64, "timestamps", "agent clock: t_anchor + offset_target (when the cancel was due)",
      "either"),
     ("t_issued_ns", _I64, "timestamps", "agent clock: when the cancel was issued (driver time converted)", "either"),
     ("t_issued_driver_ns", _I64, "timestamps", "driver clock: raw issue time (driver delivery)", "driver"),
@@ -156,7 +164,8 @@ _FIELDS: list[tuple] = [
     ("clock_uncertainty_ns", _I64, "timestamps", "bound on the conversion error (half the min ping RTT); 0 for agent delivery",
      "driver"),
     ("offset_actual_ms", _F64, "derived", "t_issued - t_handback"),
-    ("anchor_hop_ms", _F64, "derived", "t_anchor_seen - t_handback (driver delivery: the hand-back event's hop to the driver)"),
+    ("anchor_offset_ms", _F64, "derived", "t_issued - t_anchor (the offset as it happened, from its anchor)"),
+    ("anchor_hop_ms", _F64, "derived", "t_anchor_seen - t_anchor (driver delivery: the anchor event's hop to the driver)"),
     ("schedule_lag_ms", _F64, "derived", "t_issued - t_cancel_scheduled"),
     ("deliver_ms", _F64, "derived", "t_received - t_issued"),
     ("observe_ms", _F64, "derived", "t_native_observed - t_received"),
@@ -174,6 +183,7 @@ _FIELDS: list[tuple] = [
     ("known_answer_error_ms", _F64, "result", "probe engine: t_native_returned - the first probe check after the token was set"),
     ("phase_durations_json", _STR, "result", "reference runs: per-phase durations, JSON {phase: ms}"),
     ("phase_timeline_json", _STR, "result", "reference runs: [[phase, start_ms, end_ms], ...] from t_start"),
+    ("phase_steps_json", _STR, "result", "step calls started per phase, JSON {phase: n} (progress plans draw on it)"),
     ("error", _STR, "result", "error message (outcome error/lost)", "either"),
     ("backend", _STR, "partition", "cpu | vulkan | metal | cuda"),
     ("host", _STR, "partition", "sanitized host name used as the partition path part"),
@@ -224,7 +234,8 @@ def derive(row: dict) -> dict:
     row["end_to_end_ms"] = _ms(g("t_terminal_ns"), g("t_issued_ns"))
     row["duration_ms"] = _ms(g("t_terminal_ns"), g("t_handback_ns"))
     row["offset_actual_ms"] = _ms(g("t_issued_ns"), g("t_handback_ns"))
-    row["anchor_hop_ms"] = _ms(g("t_anchor_seen_ns"), g("t_handback_ns"))
+    row["anchor_offset_ms"] = _ms(g("t_issued_ns"), g("t_anchor_ns"))
+    row["anchor_hop_ms"] = _ms(g("t_anchor_seen_ns"), g("t_anchor_ns"))
     ref = g("reference_ms")
     lat = row["latency_ms"]
     row["cost_ratio"] = (lat / ref) if (lat is not None and ref) else None

@@ -22,6 +22,8 @@ import ray
 from cancelbench.request import TrialRequest
 from cancelbench.schema import TrialRecord, agent_half, columns_of
 
+from .anchors import AnchorWatch
+
 CONTROL = "control"
 TRIAL = "trial"
 CONCURRENCY_GROUPS = {TRIAL: 1, CONTROL: 4}
@@ -60,7 +62,8 @@ class DeviceAgent:
         self.token = native.CancelToken()
         self._lock = threading.Lock()
         self._current: tuple[str, object] | None = None  # (trial id, its CancelControl)
-        self._handbacks: dict[str, int] = {}  # trial id -> t_handback_ns, until the driver asked for it
+        # trial id -> its AnchorWatch (cancel trials), until the driver asked for its anchor
+        self._watches: collections.OrderedDict[str, AnchorWatch] = collections.OrderedDict()
         self._changed = threading.Condition(self._lock)  # a trial started or finished
         self._latched: dict[str, int] = {}
         self._finished: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -89,12 +92,16 @@ class DeviceAgent:
         return native.now_ns()
 
     @ray.method(concurrency_group=CONTROL)
-    def handback(self, trial_id: str) -> int | None:
-        """The hand-back time of ``trial_id`` (the origin of its offset), once it has
-        been handed back; None if it finished without one (waits until then)."""
+    def anchor(self, trial_id: str) -> tuple[int, int] | None:
+        """(t_anchor_ns, delay_ns) of a cancel trial once its anchor event has happened
+        (the driver fires at their sum); None if the trial ended without it."""
         with self._changed:
-            self._changed.wait_for(lambda: trial_id in self._handbacks or trial_id in self._finished)
-            return self._handbacks.pop(trial_id, None)
+            self._changed.wait_for(lambda: trial_id in self._watches or trial_id in self._finished)
+            watch = self._watches.pop(trial_id, None)
+        if watch is None:
+            return None
+        watch.done.wait()
+        return None if watch.t_anchor_ns is None else (watch.t_anchor_ns, watch.delay_ns)
 
     @ray.method(concurrency_group=CONTROL)
     def status(self) -> dict:
@@ -164,31 +171,41 @@ class DeviceAgent:
 
         t_handback = native.now_ns()
         trial_id = request.trial_id
-        ctl = CancelControl(self.token, Progress())
+        ctl = CancelControl(self.token, Progress(step_calls=self._step_calls))
+        watch = AnchorWatch(request, t_handback) if request.has_cancel else None
+        if watch is not None:
+            ctl.progress.listener = watch
+        ctl.step_delay = _test_step_delay(request)
         with self._changed:
             self.token.reset()
             self._current = (trial_id, ctl)
-            self._handbacks[trial_id] = t_handback
+            if watch is not None and request.delivery == "driver":
+                self._watches[trial_id] = watch
             latched_ns = self._latched.pop(trial_id, None)
             self._changed.notify_all()
         if latched_ns is not None:
             ctl.request(latched_ns)
         scheduled: dict = {}
-        timer = self._start_agent_timer(request, t_handback, scheduled)
+        if watch is not None and request.delivery == "agent":
+            watch.start_timer(lambda due: self._fire(trial_id, due, scheduled), _sleep_until)
         try:
             columns = self._run_engine(request, ctl)
         finally:
+            if watch is not None:
+                watch.finish()
             with self._changed:
                 self._current = None
                 self._finished[trial_id] = native.now_ns()
                 while len(self._finished) > 4096:
                     self._finished.popitem(last=False)
-                while len(self._handbacks) > 4096:  # never asked for (agent delivery, references)
-                    self._handbacks.pop(next(iter(self._handbacks)))
+                while len(self._watches) > 4096:  # never asked for (a driver that went away)
+                    self._watches.popitem(last=False)
                 self._changed.notify_all()
-        if timer is not None:
-            timer.join(timeout=0)  # a timer still sleeping fires later into "finished"
         columns.update(scheduled)
+        if watch is not None:
+            columns["t_anchor_ns"] = watch.t_anchor_ns
+            if request.delivery == "agent":  # due, whether or not the trial was still running then
+                columns.setdefault("t_cancel_scheduled_ns", watch.due_ns)
         if ctl.received_ns is not None:
             columns.update(ctl.at_receipt, t_received_ns=ctl.received_ns,
                            t_native_returned_ns=ctl.native_returned_ns,
@@ -196,24 +213,20 @@ class DeviceAgent:
         return agent_half(trial_id=trial_id, t_handback_ns=t_handback, abort_polls=ctl.token.polls,
                           model_sha256=self._model_sha256, **self._meta_columns(), **columns)
 
-    def _start_agent_timer(self, request: TrialRequest, t_handback: int, scheduled: dict):
-        """Delivery ``agent``: fire the cancel from this process at hand-back + offset."""
-        if not request.agent_timer:
-            return None
+    def _fire(self, trial_id: str, due_ns: int, scheduled: dict) -> None:
+        """Agent delivery: the timer thread issues the cancel (its due time recorded)."""
         from cancelbench import native
 
-        deadline = t_handback + int(float(request.offset_ms) * 1e6)
-        scheduled["t_cancel_scheduled_ns"] = deadline
+        issued = native.now_ns()
+        scheduled.update(t_cancel_scheduled_ns=due_ns, t_issued_ns=issued)
+        self._deliver(trial_id, issued)
 
-        def fire() -> None:
-            _sleep_until(deadline)
-            issued = native.now_ns()
-            scheduled["t_issued_ns"] = issued
-            self._deliver(request.trial_id, issued)
-
-        timer = threading.Thread(target=fire, name=f"cancel-timer-{request.trial_id}", daemon=True)
-        timer.start()
-        return timer
+    @property
+    def _step_calls(self) -> frozenset[str]:
+        if self._engine is None:
+            return frozenset()
+        from .engines.registry import engine_spec
+        return engine_spec(self._engine.kind).step_calls
 
     def _run_engine(self, request: TrialRequest, ctl) -> dict:
         """The engine's result as record columns; an exception becomes an ``error`` record."""
@@ -236,6 +249,7 @@ class DeviceAgent:
             output_sha256=result.output_sha256, n_input_tokens=result.n_input_tokens,
             phase_durations_json=json.dumps(result.phase_durations_ms, sort_keys=True),
             phase_timeline_json=json.dumps([list(seg) for seg in result.phase_segments]),
+            phase_steps_json=json.dumps(result.phase_steps, sort_keys=True),
         )
         if isinstance(result.output, dict) and "known_answer_error_ms" in result.output:
             columns["known_answer_error_ms"] = result.output["known_answer_error_ms"]
@@ -251,6 +265,29 @@ class DeviceAgent:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+
+
+def _test_step_delay(request: TrialRequest):
+    """Test-only variance: with CANCELBENCH_TEST_STEP_DELAY="FACTOR,PERIOD", every step call of
+    one trial in PERIOD (chosen by trial id) lasts FACTOR times as long, busy inside the call,
+    so tests can show that event anchors hold under run-to-run variance. Unset in real runs."""
+    import os
+    import zlib
+
+    spec = os.environ.get("CANCELBENCH_TEST_STEP_DELAY")
+    if not spec:
+        return None
+    factor, period = spec.split(",")
+    if zlib.crc32(request.trial_id.encode()) % int(period):
+        return None
+    from cancelbench import native
+
+    def stretch(t_start_ns: int) -> None:
+        end = native.now_ns() + int((float(factor) - 1.0) * (native.now_ns() - t_start_ns))
+        while native.now_ns() < end:
+            pass
+
+    return stretch
 
 
 def _resolve_input(request: TrialRequest) -> TrialRequest:

@@ -14,7 +14,7 @@ from pathlib import Path
 from cancelbench.device_agents.engines.registry import BACKENDS, ENGINES, MECHANISM_NAMES
 from cancelbench.schema import DELIVERIES, SETTINGS_COLUMNS
 
-OFFSET_PLANS = ("immediate", "uniform", "fixed", "phase")
+OFFSET_PLANS = ("immediate", "uniform", "fixed", "phase", "progress", "phase_time")
 
 # Upper bounds, checked before anything runs (README "Sweep configuration", bounds).
 MAX_SEED = 2**62 - 1  # input/offset seeds derive as 2*seed+1/2: still int64
@@ -122,9 +122,9 @@ class SweepConfig:
                 "offset_min_per_phase": None, "offset_fixed_ms_json": None}
         if trial_kind != "cancel":
             return cols
-        if off.plan == "uniform":
+        if off.plan in ("uniform", "phase", "phase_time"):
             cols["offset_max_fraction"] = off.max_fraction
-        elif off.plan == "phase":
+        if off.plan in ("phase", "progress", "phase_time"):
             cols["offset_min_per_phase"] = off.min_per_phase
         elif off.plan == "fixed":
             cols["offset_fixed_ms_json"] = json.dumps(list(off.fixed_ms))
@@ -320,10 +320,10 @@ def parse_config(data: dict) -> SweepConfig:
 def trials_per_device(config: SweepConfig) -> int:
     """Planned trials on one device (references + cancels), as build_plan makes them."""
     per_cell = config.trials_per_cell
-    if config.offsets.plan == "phase":
-        # the phase plan aims min_per_phase cancels at each of the engine's phases
-        per_cell = max(per_cell, config.offsets.min_per_phase * max(len(ENGINES[w.engine].phases)
-                                                                    for w in config.workloads))
+    if config.offsets.plan in ("phase", "progress", "phase_time"):
+        # the anchored plans aim min_per_phase cancels at each phase they can reach
+        per_cell = max(per_cell, config.offsets.min_per_phase * max(
+            len(ENGINES[w.engine].plan_phases(config.offsets.plan)) for w in config.workloads))
     per_workload = len(config.mechanisms) * (config.reference_runs + len(config.deliveries) * per_cell)
     return per_workload * len(config.workloads)
 

@@ -30,7 +30,7 @@ from cancelbench.schema import TrialRecord, driver_half, finalize, merge
 from .clock import ClockOffset, driver_now_ns, estimate_offset
 from .cluster import DeviceSlot
 from .config import SweepConfig, trial_settings
-from .plan import ReferenceTimeline, TrialSpec, resolve_offset_ms
+from .plan import ReferenceTimeline, Resolved, TrialSpec, resolve_offset
 
 OFFSET_REFRESH_S = 30.0  # re-ping an agent before a trial when its offset estimate is older
 
@@ -154,7 +154,7 @@ class DeviceRun:
             host=self.slot.host, backend=self.slot.backend, device=self.slot.device_id,
         )
 
-    def _request(self, trial: TrialSpec, offset_ms: float | None) -> TrialRequest:
+    def _request(self, trial: TrialSpec, at: Resolved | None) -> TrialRequest:
         """The typed request for the agent (the input resolved from the corpus)."""
         item = self.sweep.inputs[trial.workload][trial.input_id]
         wav_out = None
@@ -164,10 +164,13 @@ class DeviceRun:
         return TrialRequest(
             trial_id=trial.trial_id, trial_kind=trial.trial_kind, mechanism=trial.mechanism,
             delivery=trial.delivery, input_id=trial.input_id, input=item.get("wav") or item.get("text", ""),
-            lang=item.get("lang"), offset_ms=offset_ms if trial.delivery == "agent" else None, wav_out=wav_out)
+            lang=item.get("lang"), wav_out=wav_out,
+            **({} if at is None else dict(offset_ms=at.offset_ms, anchor_phase=at.anchor_phase,
+                                         anchor_step=at.anchor_step, step_fraction=at.step_fraction,
+                                         anchor_ref_ms=at.anchor_ref_ms)))
 
-    def _resolve(self, trial: TrialSpec) -> tuple[float | None, float | None]:
-        """(offset_target_ms, reference_ms) of a cancel trial, on this device's reference run."""
+    def _resolve(self, trial: TrialSpec) -> tuple[Resolved | None, float | None]:
+        """(the cancel's anchor and delay, reference_ms) of a cancel trial, on this device's reference run."""
         if trial.trial_kind != "cancel":
             return None, None
         refs = self.refs.get((trial.workload, trial.mechanism), [])
@@ -176,20 +179,21 @@ class DeviceRun:
                                    f"runs of {trial.mechanism} completed; first error: "
                                    f"{' '.join(str(refs[0].get('error')).split())[:300]}")
         timeline = ReferenceTimeline.from_rows(refs)
-        return resolve_offset_ms(trial, timeline), (timeline.duration_ms if timeline else None)
+        return resolve_offset(trial, timeline), (timeline.duration_ms if timeline else None)
 
     def _run_trial(self, trial: TrialSpec) -> dict:
         self._refresh_offset()
         base = self._driver_half(trial)
         try:
-            target_ms, base.reference_ms = self._resolve(trial)
+            at, base.reference_ms = self._resolve(trial)
         except ValueError as exc:
             return finalize(dataclasses.replace(base, outcome="error", error=str(exc)))
-        base.offset_target_ms = target_ms
-        ref = self.agent.run_trial.remote(self._request(trial, target_ms))
+        if at is not None:
+            base.offset_target_ms, base.anchor_step = at.offset_ms, at.anchor_step
+        ref = self.agent.run_trial.remote(self._request(trial, at))
         issue, cancel_ref = {}, None
-        if trial.trial_kind == "cancel" and trial.delivery == "driver":
-            issue, cancel_ref = self._deliver_from_driver(trial.trial_id, target_ms)
+        if at is not None and trial.delivery == "driver":
+            issue, cancel_ref = self._deliver_from_driver(trial.trial_id)
         self._watch(ref)
         record = dataclasses.replace(merge(base, ray.get(ref)), **issue)
         if cancel_ref is not None:
@@ -201,20 +205,21 @@ class DeviceRun:
             self.refs[(trial.workload, trial.mechanism)].append(row)
         return row
 
-    def _deliver_from_driver(self, trial_id: str, target_ms: float) -> tuple[dict, object]:
-        """Wait for the agent's hand-back, then fire at hand-back + offset (driver clock).
-        The hand-back's hop to the driver is recorded (``t_anchor_seen_ns``); a
-        deadline it already passed fires at once, and ``schedule_lag_ms`` says by how much."""
-        handback_ns = ray.get(self.agent.handback.remote(trial_id))
+    def _deliver_from_driver(self, trial_id: str) -> tuple[dict, object]:
+        """Wait for the trial's anchor event on the agent, then fire at anchor + delay
+        (converted to the driver clock). The event's hop to the driver is recorded
+        (``t_anchor_seen_ns``); a due time it already passed fires at once, and
+        ``schedule_lag_ms`` says by how much. No event (the trial ended first): no cancel."""
+        anchor = ray.get(self.agent.anchor.remote(trial_id))
         seen = driver_now_ns()
-        if handback_ns is None:  # the trial ended before the event could be seen (an agent error)
+        if anchor is None:
             return {}, None
-        scheduled = self.offset.to_driver(handback_ns) + int(target_ms * 1e6)
-        _sleep_until_driver(scheduled)
+        t_anchor_ns, delay_ns = anchor
+        _sleep_until_driver(self.offset.to_driver(t_anchor_ns + delay_ns))
         issued = driver_now_ns()
         cancel_ref = self.agent.cancel.remote(trial_id)
         return {"t_issued_driver_ns": issued, "t_issued_ns": self.offset.to_agent(issued),
-                "t_cancel_scheduled_ns": handback_ns + int(target_ms * 1e6),
+                "t_cancel_scheduled_ns": t_anchor_ns + delay_ns,
                 "t_anchor_seen_ns": self.offset.to_agent(seen)}, cancel_ref
 
     def _watch(self, ref) -> None:

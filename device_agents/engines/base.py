@@ -62,6 +62,16 @@ class Progress:
     tokens_generated: int = 0
     frames_generated: int | None = None
     heavy_graph: str | None = None  # e.g. "code2wav", "clip_encode" while one runs
+    # Called on the trial thread at engine events: ("phase", phase, t_ns) on entry into
+    # a phase, ("step", phase, t_ns) when a step call starts, ("step_end", phase, t_ns)
+    # when it returns. The agent anchors cancels on them (device_agents/anchors.py).
+    listener: Callable[[str, str, int], None] | None = None
+    step_calls: frozenset[str] = frozenset()  # the engine's step calls (registry.EngineSpec.step_calls)
+    steps: dict[str, int] = field(default_factory=dict)  # phase -> step calls started
+
+    def emit(self, event: str, phase: str, t_ns: int) -> None:
+        if self.listener is not None:
+            self.listener(event, phase, t_ns)
 
     def snapshot(self) -> dict:
         return {
@@ -95,6 +105,9 @@ class CancelControl:
         self.at_receipt: dict = {}
         self.native_returned_ns: int | None = None
         self.last_rc: int | None = None  # return code of the last native call made through call_rc
+        # Test-only variance injection (CANCELBENCH_TEST_STEP_DELAY, set by the agent): called
+        # inside each step call, so the step is longer and still in flight. None in real runs.
+        self.step_delay: Callable[[int], None] | None = None  # (the step call's start, agent ns)
         self._in_flight_at_receipt = False
 
     def request(self, received_ns: int) -> bool:
@@ -153,12 +166,23 @@ class CancelControl:
     @contextmanager
     def native_call(self, name: str) -> Iterator[None]:
         """Wrap one native call: progress shows it in flight; its return is timed
-        if a cancel arrived while it ran (``t_native_returned_ns``)."""
-        self.progress.native_call = name
+        if a cancel arrived while it ran (``t_native_returned_ns``). A step call
+        (the engine's unit of progress) is counted per phase and announced."""
+        progress = self.progress
+        progress.native_call = name
+        step = name in progress.step_calls
+        if step:
+            t0 = native.now_ns()
+            progress.steps[progress.phase] = progress.steps.get(progress.phase, 0) + 1
+            progress.emit("step", progress.phase, t0)
         try:
             yield
+            if step and self.step_delay is not None:
+                self.step_delay(t0)
         finally:
             now = native.now_ns()
+            if step:
+                progress.emit("step_end", progress.phase, now)
             with self._lock:
                 self.progress.native_call = None
                 if self._in_flight_at_receipt and self.native_returned_ns is None:
@@ -178,6 +202,7 @@ class EngineResult:
     phase_durations_ms: dict[str, float] = field(default_factory=dict)
     phase_segments: list[tuple[str, float, float]] = field(default_factory=list)
     n_input_tokens: int | None = None
+    phase_steps: dict[str, int] = field(default_factory=dict)  # phase -> step calls started
     output: object = None  # tokens / text / pcm kept agent-side (not recorded)
 
 
@@ -195,6 +220,7 @@ class PhaseClock:
         prev = self.progress.phase
         if prev == phase:
             return
+        self.progress.emit("phase", phase, now)
         if prev not in ("idle", None):
             self.durations_ms[prev] = self.durations_ms.get(prev, 0.0) + (now - self._t) / 1e6
             start, end = (self._t - self._t0) / 1e6, (now - self._t0) / 1e6
@@ -229,6 +255,7 @@ def finish_trial(ctl: CancelControl, clock: PhaseClock, *, stopped: bool, t_star
         phase_durations_ms=durations,
         phase_segments=clock.segments,
         n_input_tokens=n_input_tokens,
+        phase_steps=dict(ctl.progress.steps),
         output=output,
     )
 

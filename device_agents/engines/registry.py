@@ -52,8 +52,18 @@ class EngineSpec:
     phases: tuple[str, ...]  # in run order; every one can be aimed at by the phase plan
     mechanisms: tuple[str, ...]
     factory: str  # "module:Class", imported only when an agent builds the engine
+    # The engine's unit of progress: the native calls a `progress` anchor counts (the k-th
+    # step call of the target phase); reference runs record how many each phase made.
+    step_calls: frozenset[str] = frozenset()
     needs_mmproj: bool = False  # the workload must name a multimodal projector (and a real model)
     simulated: bool = False  # reports mark a simulated engine as such
+    # Phases that make step calls, the ones an anchored plan (phase, progress) aims at:
+    # a phase without a native call has nothing for a cancel to land in. None: every phase.
+    step_phases: tuple[str, ...] | None = None
+
+    def plan_phases(self, plan: str) -> tuple[str, ...]:
+        """The phases an offset plan aims its cancels at, in run order."""
+        return self.step_phases or self.phases if plan in ("phase", "progress") else self.phases
 
     def make(self, workload: dict):
         module, cls = self.factory.split(":")
@@ -61,13 +71,18 @@ class EngineSpec:
 
 
 ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
-    EngineSpec("text", ("prefill", "generate"), MECHANISM_NAMES, ".text:TextEngine"),
+    EngineSpec("text", ("prefill", "generate"), MECHANISM_NAMES, ".text:TextEngine",
+               step_calls=frozenset({"llama_decode"})),
     EngineSpec("tts", ("set_input", "prompt", "generate", "code2wav", "output"), MECHANISM_NAMES, ".tts:TtsEngine",
-               needs_mmproj=True),
+               step_calls=frozenset({"mtmd_helper_gen_audio_set_input", "mtmd_helper_gen_audio_step_prompt",
+                                     "mtmd_helper_gen_audio_step_gen", "mtmd_helper_gen_audio_get_output"}),
+               # output makes a step call only when no partial code2wav window is left to flush
+               step_phases=("set_input", "prompt", "generate", "code2wav"), needs_mmproj=True),
     EngineSpec("stt", ("preprocess", "prefill", "encode", "decode_embd", "generate"), MECHANISM_NAMES,
-               ".stt:SttEngine", needs_mmproj=True),
+               ".stt:SttEngine", step_calls=frozenset({"mtmd_tokenize", "llama_process", "mtmd_encode_chunk"}),
+               needs_mmproj=True),
     # The probe polls the native token whatever the mechanism: it calibrates the harness.
-    EngineSpec("probe", ("busy",), MECHANISM_NAMES, ".text:ProbeEngine"),
+    EngineSpec("probe", ("busy",), MECHANISM_NAMES, ".text:ProbeEngine", step_calls=frozenset({"cb_probe_busy"})),
 )}
 
 

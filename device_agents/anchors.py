@@ -1,0 +1,97 @@
+"""Cancels anchored to what the engine is doing, not to the clock since hand-back.
+
+An :class:`AnchorWatch` listens to one trial's engine events (``Progress.emit``:
+phase entries, step calls starting and returning), on the trial thread, and
+notes the moment its anchor happens (``t_anchor_ns``) and when the cancel is due
+after it. Both deliveries use the same watch: ``agent`` delivery fires from a
+timer thread that waits for the watch; ``driver`` delivery asks the agent for
+the anchor (``DeviceAgent.anchor``) and fires from the driver. The listener
+only stores integers and sets an Event, so the engine is not slowed down.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from cancelbench.request import TrialRequest
+
+# Pace scaling of a planned delay (see AnchorWatch._pace): only from events at least this
+# far into the reference run, and never more than this factor either way.
+PACE_MIN_REF_MS = 5.0
+PACE_MIN, PACE_MAX = 0.25, 4.0
+
+
+class AnchorWatch:
+    def __init__(self, request: TrialRequest, t_handback_ns: int) -> None:
+        self.request = request
+        self.t_handback_ns = t_handback_ns
+        self.kind = request.anchor_kind
+        self.t_anchor_ns: int | None = None
+        self.delay_ns: int | None = None
+        self.done = threading.Event()  # the anchor happened, or the trial ended without it
+        self._steps = 0
+        self._step_start: int | None = None
+        self._prev_step_ns: int | None = None
+        if self.kind == "handback":
+            self._hit(t_handback_ns, self._delay(None))
+
+    def _delay(self, prev_step_ns: int | None, t_ns: int | None = None) -> int:
+        r = self.request
+        if self.kind == "progress" and prev_step_ns is not None and r.step_fraction is not None:
+            return int(r.step_fraction * prev_step_ns)  # the live step length: variance-proof
+        return int(float(r.offset_ms or 0.0) * 1e6 * self._pace(t_ns))
+
+    def _pace(self, t_ns: int | None) -> float:
+        """This trial's speed against its reference run: its time from hand-back to the
+        anchor event over the reference's (clamped to [PACE_MIN, PACE_MAX]; 1 when the
+        event comes too early in the run to say)."""
+        ref = self.request.anchor_ref_ms
+        if t_ns is None or ref is None or ref < PACE_MIN_REF_MS:
+            return 1.0
+        return min(PACE_MAX, max(PACE_MIN, (t_ns - self.t_handback_ns) / 1e6 / ref))
+
+    def _hit(self, t_ns: int, delay_ns: int) -> None:
+        self.t_anchor_ns, self.delay_ns = t_ns, delay_ns
+        self.done.set()
+
+    def __call__(self, event: str, phase: str, t_ns: int) -> None:
+        """``Progress.listener``: the engine announces an event."""
+        if self.t_anchor_ns is not None or phase != self.request.anchor_phase:
+            return
+        if self.kind == "phase":
+            if event == "phase":
+                self._hit(t_ns, self._delay(None, t_ns))
+        elif event == "step":
+            self._steps += 1
+            self._step_start = t_ns
+            if self._steps == self.request.anchor_step:
+                self._hit(t_ns, self._delay(self._prev_step_ns, t_ns))
+        elif event == "step_end" and self._step_start is not None:
+            # the shortest step so far: a preempted step must not push the cancel past the next one
+            took = t_ns - self._step_start
+            self._prev_step_ns = took if self._prev_step_ns is None else min(self._prev_step_ns, took)
+
+    def finish(self) -> None:
+        """The trial ended: whoever waits learns the anchor (or that it never came)."""
+        self.done.set()
+
+    @property
+    def due_ns(self) -> int | None:
+        return None if self.t_anchor_ns is None else self.t_anchor_ns + self.delay_ns
+
+    def start_timer(self, fire: Callable[[int], None], sleep_until: Callable[[int], None]) -> threading.Thread:
+        """Agent delivery: a thread that waits for the anchor, sleeps to the due time
+        and calls ``fire(due_ns)``; it ends quietly if the trial ends first."""
+
+        def run() -> None:
+            self.done.wait()
+            due = self.due_ns
+            if due is None:
+                return
+            sleep_until(due)
+            fire(due)
+
+        timer = threading.Thread(target=run, name=f"cancel-timer-{self.request.trial_id}", daemon=True)
+        timer.start()
+        return timer
