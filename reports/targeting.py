@@ -1,0 +1,80 @@
+"""Did the cancels land where they were planned?  Per cell (workload, device,
+mechanism, delivery, offset plan): the share of cancel trials received in
+their target phase and inside a native call (in flight). A cell of a
+phase-aiming plan under ``TARGET_SHARE`` gets a line in the report: its
+latencies describe other phases than the ones it was meant to measure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from .load import Filters, scan_table
+from .sections import Section
+
+TARGET_SHARE = 0.90  # below this a phase-aiming cell is reported as missing its target
+COLUMNS = ["workload", "host", "backend", "device", "mechanism", "delivery", "offset_plan", "target_phase",
+           "phase_at_receipt", "native_call_at_receipt", "t_received_ns"]
+KEYS = ["workload", "device_key", "mechanism", "delivery", "offset_plan"]
+
+
+@dataclass(frozen=True)
+class Targeting:
+    workload: str
+    device_key: str
+    mechanism: str
+    delivery: str
+    offset_plan: str
+    n: int
+    in_phase: float | None  # share received in the target phase (None: the plan aims at no phase)
+    in_flight: float  # share received inside a native call
+
+    @property
+    def missed(self) -> bool:
+        return self.in_phase is not None and min(self.in_phase, self.in_flight) < TARGET_SHARE
+
+
+def load_targeting(dirs: list[str | Path], filters: Filters = Filters()) -> list[Targeting]:
+    f = Filters(workloads=filters.workloads, backends=filters.backends, hosts=filters.hosts, trial_kinds=("cancel",))
+    frame = scan_table(dirs, COLUMNS, f).to_pandas()
+    if frame.empty:
+        return []
+    frame["device_key"] = frame["host"].astype(str) + "/" + frame["device"].astype(str)
+    frame["in_phase"] = frame["phase_at_receipt"].eq(frame["target_phase"])
+    frame["in_flight"] = frame["native_call_at_receipt"].notna()
+    out = []
+    for key, g in frame.groupby(KEYS, sort=True, dropna=False):
+        aimed = g["target_phase"].notna().any()
+        out.append(Targeting(*map(str, key), n=len(g), in_phase=float(g["in_phase"].mean()) if aimed else None,
+                             in_flight=float(g["in_flight"].mean())))
+    return out
+
+
+def targeting_section(rows: list[Targeting]) -> Section | None:
+    if not rows:
+        return None
+    missed = [r for r in rows if r.missed]
+    note = (f"share of cancel trials received in their target phase and inside a native call; "
+            f"a phase-aiming cell under {TARGET_SHARE:.0%} is marked MISSED"
+            + (f" ({len(missed)} cell(s))" if missed else ""))
+    return Section(
+        "Targeting", note,
+        ["workload", "device", "mechanism", "delivery", "plan", "n", "in target phase", "in flight", ""],
+        [[r.workload, r.device_key, r.mechanism, r.delivery, r.offset_plan, str(r.n),
+          "–" if r.in_phase is None else f"{r.in_phase:.0%}", f"{r.in_flight:.0%}", "MISSED" if r.missed else ""]
+         for r in rows],
+        key_columns=5, sid="targeting")
+
+
+def targeting_lines(rows: list[Targeting]) -> list[str]:
+    """One line per cell that missed its target (for the terminal headline area)."""
+    return [f"targeting: {r.workload} {r.device_key} {r.mechanism}/{r.delivery} ({r.offset_plan}): "
+            f"{r.in_phase:.0%} in the target phase, {r.in_flight:.0%} in flight (n={r.n}), under {TARGET_SHARE:.0%}"
+            for r in rows if r.missed]
+
+
+def as_frame(rows: list[Targeting]) -> pd.DataFrame:
+    return pd.DataFrame([r.__dict__ for r in rows])
