@@ -54,6 +54,13 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("llama_cpp_python_version", pa.string(), "llama-cpp-python version"),
     ("llama_cpp_build", pa.string(), "llama.cpp build commit/number"),
     ("cancelbench_version", pa.string(), "cancelbench version"),
+    ("cancelbench_git_describe", pa.string(), "git describe of the agent's cancelbench checkout, else null"),
+    ("llama_cpp_commit", pa.string(), "llama.cpp commit the agent loaded (ggml_commit of the vendored tree)"),
+    ("ggml_version", pa.string(), "ggml version the agent loaded (ggml_version)"),
+    ("ggml_backends", pa.string(), "ggml backends registered in the agent process, e.g. CPU,Vulkan"),
+    ("os_release", pa.string(), "OS name and version of the agent host (os-release PRETTY_NAME, macOS version)"),
+    ("kernel_version", pa.string(), "kernel release of the agent host (uname -r)"),
+    ("gpu_driver_version", pa.string(), "GPU driver version of the agent's device (Vulkan/NVIDIA), null on CPU"),
     # workload and engine settings
     ("workload", pa.string(), "workload name from the sweep config"),
     ("engine", pa.string(), "text | tts | stt | probe"),
@@ -172,6 +179,8 @@ TrialRecord.__doc__ = "One trial, one flat row: see the column list in cancelben
 AGENT_COLUMNS = frozenset({
     "trial_id", "hostname", "node_id", "device", "device_name", "platform", "arch", "cpu_model", "n_threads",
     "llama_cpp_python_version", "llama_cpp_build", "cancelbench_version", "backend", "model_sha256",
+    "cancelbench_git_describe", "llama_cpp_commit", "ggml_version", "ggml_backends", "os_release", "kernel_version",
+    "gpu_driver_version",
     "phase_at_receipt", "native_call_at_receipt", "input_tokens_done_at_receipt", "tokens_generated_at_receipt",
     "frames_generated_at_receipt", "heavy_graph_at_receipt", "phase_at_terminal",
     "t_handback_ns", "t_start_ns", "t_cancel_scheduled_ns", "t_issued_ns", "t_received_ns",

@@ -20,7 +20,7 @@ from cancelbench import native
 from cancelbench.schema import TrialRecord, agent_half
 
 from .engines.base import CancelControl, EngineInputError, Progress
-from .probe import probe_host
+from .probe import AGENT_BUILD_COLUMNS, probe_host
 
 CONTROL = "control"
 TRIAL = "trial"
@@ -214,7 +214,8 @@ class DeviceAgent:
         m = self.meta
         return {k: m.get(k) for k in ("hostname", "node_id", "device", "device_name", "platform", "arch",
                                       "cpu_model", "n_threads", "llama_cpp_python_version", "llama_cpp_build",
-                                      "cancelbench_version", "backend")}
+                                      "cancelbench_version", "backend",
+                                      *AGENT_BUILD_COLUMNS)}
 
     @ray.method(concurrency_group=TRIAL)
     def close(self) -> None:
