@@ -184,6 +184,11 @@ def run_diff_cmd(args: argparse.Namespace) -> int:
                         n_boot=args.bootstrap, seed=args.seed, bound=_bound_spec(args),
                         class_map=parse_class_map(args.map_class))
         result = run_diff([args.baseline], [args.candidate], spec, _filters(args))
+        from .legend import builds_by_class, builds_legend
+
+        legend = builds_legend([("baseline", builds_by_class([args.baseline], _filters(args))),
+                                ("candidate", builds_by_class([args.candidate], _filters(args)))])
+        result.legend = [legend] if legend.rows else []
         from .html import diff_to_html
 
         from .github import append_step_summary, diff_annotations

@@ -177,4 +177,5 @@ def diff_to_html(result) -> str:
     else:
         body.append("<p>No cell changed: nothing to overlay.</p>")
     body.append(section_html(diff_section(result)))
+    body += [section_html(s) for s in getattr(result, "legend", [])]
     return page("cancelbench diff", body)

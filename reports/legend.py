@@ -55,3 +55,27 @@ def attach_builds(report, dirs: list[str | Path], filters: Filters = Filters()) 
     builds = load_builds(dirs, filters)
     for info in report.devices:
         info.build = builds.get(info.device, {})
+
+
+def builds_by_class(dirs: list[str | Path], filters: Filters = Filters()) -> dict[str, dict[str, str]]:
+    """device class (``platform/arch/backend/device_name``, what diff and trend match on) -> build facts."""
+    f = Filters(workloads=filters.workloads, backends=filters.backends, hosts=filters.hosts,
+                trial_kinds=("cancel", "reference"))
+    table = scan_table(dirs, ["platform", "arch", "backend", "device_name", *BUILD_COLUMNS], f)
+    parts = [pc.fill_null(table.column(c).cast(pa.string()), "(none)")
+             for c in ("platform", "arch", "backend", "device_name")]
+    cls = parts[0]
+    for p in parts[1:]:
+        cls = pc.binary_join_element_wise(cls, p, "/")
+    table = table.append_column("device_class", cls)
+    return {k[0]: v for k, v in distinct_builds(table, ["device_class"]).items()}
+
+
+def builds_legend(sides: list[tuple[str, dict[str, dict[str, str]]]]):
+    """A "Builds" section (one row per fact) for named sides, e.g. baseline and candidate."""
+    from .sections import Section
+
+    rows = [[name, cls, k, v] for name, by_class in sides for cls, facts in sorted(by_class.items())
+            for k, v in facts.items()]
+    return Section("Builds", "what each device class's agents loaded and ran on",
+                   ["side", "device class", "fact", "value"], rows, sid="builds")

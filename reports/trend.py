@@ -282,21 +282,9 @@ def _sweep_key(path: str, by: str, index: int) -> tuple[tuple, str]:
 
 
 def _builds_by_class(path: str) -> dict[str, dict[str, str]]:
-    from .legend import BUILD_COLUMNS, distinct_builds
+    from .legend import builds_by_class
 
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    table = scan_table([path], ["platform", "arch", "backend", "device_name", *BUILD_COLUMNS],
-                       Filters(trial_kinds=("cancel", "reference")))
-
-    parts = [pc.fill_null(table.column(c).cast(pa.string()), "(none)") for c in ("platform", "arch", "backend",
-                                                                                 "device_name")]
-    cls = parts[0]
-    for p in parts[1:]:
-        cls = pc.binary_join_element_wise(cls, p, "/")
-    table = table.append_column("device_class", cls)
-    return {k[0]: v for k, v in distinct_builds(table, ["device_class"]).items()}
+    return builds_by_class([path])
 
 
 # ---------------------------------------------------------------------- build --

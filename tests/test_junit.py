@@ -206,3 +206,20 @@ def test_fit_markdown_counts_bytes_not_characters():
 
     text = fit_markdown(render, 3000)
     assert text is not None and len(text.encode("utf-8")) <= 3000 and len(text) > 900
+
+
+def test_legends_list_the_build_facts_of_each_side(tmp_path, capsys):
+    facts = dict(llama_cpp_build="llama.cpp 0.5.0 ggml 0.9.4 (abc123) vulkan", os_release="Debian GNU/Linux 12",
+                 kernel_version="6.1.0-18-amd64", gpu_driver_version="24.2.8 (Vulkan 1.3.278)")
+    base = write_dataset(tmp_path / "b", cell_rows("b", _grid(40), host="mac1", **facts))
+    cand = write_dataset(tmp_path / "c", cell_rows("c", _grid(40), host="mac1", **dict(facts, kernel_version="6.12")))
+    reports_main(["diff", str(base), str(cand)])
+    out = capsys.readouterr().out
+    assert "== Builds ==" in out and "6.1.0-18-amd64" in out and "6.12" in out and "24.2.8 (Vulkan 1.3.278)" in out
+    reports_main(["diff", str(base), str(cand), "--format", "json"])
+    builds = json.loads(capsys.readouterr().out)["builds"]
+    assert {(b["side"], b["value"]) for b in builds if b["fact"] == "kernel_version"} == \
+        {("baseline", "6.1.0-18-amd64"), ("candidate", "6.12")}
+    reports_main(["report", str(base), "--format", "markdown"])
+    md = capsys.readouterr().out
+    assert "### Builds" in md and "Debian GNU/Linux 12" in md
