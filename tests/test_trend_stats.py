@@ -130,3 +130,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert "no directory matches" in capsys.readouterr().err
     with pytest.raises(TrendInputError):
         run_trend([str(dirs[0]), str(dirs[0])])  # the same sweep twice is one sweep
+
+
+def test_trend_page_escapes_data(tmp_path):
+    from cancelbench.reports.trend import trend_to_html
+
+    hostile = '<script>alert(1)</script>"$\\frac{1}{0}$'
+    dirs = []
+    for i, scale in enumerate((1, 3)):
+        rows = cell_rows(f"h{i}", np.linspace(1, 5, 30) * scale, host="mac1", workload=hostile, hostname=hostile,
+                         llama_cpp_build=hostile + str(i))
+        dirs.append(str(write_dataset(tmp_path / f"h{i}", rows)))
+    page = trend_to_html(run_trend(dirs, TrendSpec(by="llama_cpp_build")))
+    assert "<script" not in page.lower() and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert page.count("<svg") == 1 and 'id="trend-c0"' in page
