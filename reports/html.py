@@ -37,7 +37,7 @@ td.over{background:#fde2e2}.mark{color:#b00}
 .verdict-ok{color:#060}.verdict-over_bound{color:#a60}.verdict-defects{color:#b00}
 figure{margin:.8em 0}
 figcaption{font-weight:600;margin-bottom:.3em}
-td.wrap{white-space:normal;overflow-wrap:anywhere;min-width:12em;max-width:40em}
+td.wrap{white-space:normal;overflow-wrap:anywhere;min-width:8em;max-width:40em}
 svg{max-width:100%;height:auto}
 figure svg{width:100%}
 """
@@ -48,7 +48,8 @@ def esc(text: object) -> str:
 
 
 # Columns of free text (trial id lists, reasons, errors): they wrap, so no table scrolls sideways.
-WRAP_HEADERS = frozenset({"worst trials", "worst candidate trials", "why", "error", "value"})
+WRAP_HEADERS = frozenset({"worst trials", "worst candidate trials", "why", "error", "value", "cell", "device class",
+                          "sweep"})
 
 
 def _td(text: str, number: bool, first_of_group: bool, wrap: bool = False) -> str:

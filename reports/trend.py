@@ -232,6 +232,14 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
+def fold_change(rel_change: float | None) -> float:
+    """A change as a fold, the same either way: +100% and -50% are both 2x."""
+    if rel_change is None:
+        return 1.0
+    ratio = 1.0 + rel_change
+    return math.inf if ratio <= 0 else max(ratio, 1.0 / ratio)
+
+
 def _interval(sorted_values: np.ndarray, p: float, rng: np.random.Generator, n_boot: int,
               confidence: float) -> tuple[float, float]:
     reps = np.sort(stats.bootstrap_percentiles(sorted_values, p, n_boot, rng))
@@ -345,7 +353,7 @@ def run_trend(dirs: list[str], spec: TrendSpec = TrendSpec(), filters: Filters =
         tests += [(cell, s) for s in steps if s is not None]
     for (cell, step), adj in zip(tests, holm([s.p_value for _, s in tests])):
         step.p_holm = adj
-        step.flagged = adj < spec.alpha and abs(step.rel_change or 0.0) > spec.rel_threshold
+        step.flagged = adj < spec.alpha and fold_change(step.rel_change) - 1.0 > spec.rel_threshold
     dspec = spec.diff_spec()
     for cell in cells:
         cell.first_flag = next((s.index for s in cell.steps if s is not None and s.flagged), None)
@@ -380,10 +388,23 @@ def sweep_label(s: SweepInfo) -> str:
     return f"#{s.index + 1} {s.key}"
 
 
+def shown_cells(result: TrendResult) -> list[TrendCell]:
+    """Cells with a latency sample, a dropped cancel or a lost trial in some sweep (a row of
+    dashes in every sweep, e.g. phase ``(none)``, says nothing; the note counts them)."""
+    return [c for c in result.cells if any(p is not None and (p.n or p.dropped or p.lost) for p in c.points)]
+
+
+def tick_label(s: SweepInfo) -> tuple[str, str]:
+    """A short x tick, two lines: the sweep number and its key (a creation time: the clock time only)."""
+    key = s.key[11:19] if len(s.key) >= 19 and s.key[10:11] == "T" else s.key
+    return f"#{s.index + 1}", key[:16]
+
+
 def trend_section(result: TrendResult) -> Section:
     pl = stats.percentile_label(result.spec.percentile)
     rows = []
-    for c in result.cells:
+    shown = shown_cells(result)
+    for c in shown:
         for i, (pt, step) in enumerate(zip(c.points, c.steps)):
             if pt is None:
                 rows.append([cell_label(c), c.device_class, sweep_label(result.sweeps[i]), "0", NA, NA, "", "", ""])
@@ -403,7 +424,10 @@ def trend_section(result: TrendResult) -> Section:
             f"{pl} only where n >= {stats.min_samples(spec.percentile, spec.confidence)}); change vs the previous "
             f"sweep: two-sided Mann-Whitney U on the raw latencies ({result.mwu}), Holm-corrected over "
             f"{result.n_tests} tests, alpha {spec.alpha:g}; flagged when significant and the p50 moved by more "
-            f"than {spec.rel_threshold:.0%}")
+            f"than x{1 + spec.rel_threshold:.3g} either way")
+    hidden = len(result.cells) - len(shown)
+    if hidden:
+        note += f"; not listed: {hidden} cell(s) without a latency sample in any sweep"
     return Section("Cells across sweeps", note, ["cell", "device class", "sweep", "n", "p50 ms [95% CI]",
                                                  f"{pl} ms [95% CI]", "p50 change", "p (Holm)", "flag"],
                    rows, key_columns=3, sid="trend")
@@ -478,14 +502,14 @@ def plot_trend(result: TrendResult) -> str:
 
     from .plots import PAGE_WIDTH_IN, margins, plot_label, svg_text
 
-    shown = result.cells[:MAX_TREND_PANELS]
+    shown = shown_cells(result)[:MAX_TREND_PANELS]
     cols = min(3, len(shown))
     rows = (len(shown) + cols - 1) // cols
     fig = Figure(figsize=(PAGE_WIDTH_IN, 2.7 * rows + 1.0))
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(shown):]:
         ax.set_visible(False)
-    x_labels = [plot_label(sweep_label(s)) for s in result.sweeps]
+    x_labels = ["\n".join(plot_label(part) for part in tick_label(s)) for s in result.sweeps]
     bl = stats.percentile_label(result.spec.percentile)
     for i, (ax, c) in enumerate(zip(axes.flat, shown)):
         ax.set_gid(f"trend-c{i}")
@@ -506,12 +530,13 @@ def plot_trend(result: TrendResult) -> str:
                         markeredgewidth=2)
                 ax.annotate("flagged", (step.index, y), textcoords="offset points", xytext=(6, 6), fontsize=7,
                             color="#b00")
-        ax.set_xticks(range(len(x_labels)), x_labels, fontsize=7, rotation=20, ha="right")
+        ax.set_xticks(range(len(x_labels)), x_labels, fontsize=7)
         ax.set_title(plot_label(cell_label(c)) + "\n" + plot_label(c.device_class), fontsize=8)
         ax.set_ylim(bottom=0)  # magnitudes stay honest: a 10% wiggle is not drawn as a cliff
         ax.set_ylabel("latency_ms", fontsize=8)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper left")
     margins(fig, top=0.6, bottom=0.9, hspace=1.1, wspace=0.3)
     return svg_text(fig, "trend")
 
@@ -519,14 +544,14 @@ def plot_trend(result: TrendResult) -> str:
 def trend_to_html(result: TrendResult) -> str:
     from .html import esc, figure, page, section_html
 
-    n = len(result.cells)
+    n = len(shown_cells(result))
     cap = f" (first {MAX_TREND_PANELS} of {n} cells; the table has all)" if n > MAX_TREND_PANELS else ""
     body = ["<h1>cancelbench trend</h1>",
             f'<p id="verdict" class="verdict-{"defects" if result.exit_code else "ok"}">{esc(trend_headline(result))}'
             "</p>"]
     body += [f'<p class="meta">REGRESSED {esc(c.device_class)} {esc(cell_label(c))}: {esc("; ".join(c.newest_reasons))}'
              "</p>" for c in result.regressed]
-    if result.cells:
+    if n:
         body.append(figure("plot-trend", f"p50 (blue) and {stats.percentile_label(result.spec.percentile)} (red) "
                            f"per sweep with 95% bootstrap bands; circled: a flagged change{cap}", plot_trend(result)))
     body += [section_html(trend_section(result)), section_html(sweeps_section(result))]
@@ -554,7 +579,8 @@ def add_trend_parser(subparsers) -> argparse.ArgumentParser:
                    help="the bound percentile shown beside the p50 (default 99)")
     p.add_argument("--alpha", type=_fraction, default=0.05, help="family-wise alpha, Holm-corrected (default 0.05)")
     p.add_argument("--threshold", type=_positive, default=0.10, metavar="FRACTION",
-                   help="p50 change that counts when significant, as a fraction (default 0.10)")
+                   help="p50 change that counts when significant, as a fraction of the smaller side, either "
+                        "way (default 0.10: x1.1 up or down)")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap replicates for the intervals (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     _add_common(p)
