@@ -173,6 +173,9 @@ def report_to_junit(report: Report) -> str:
                f"lost={c.lost}")
         skip = (f"{bl} needs n >= {need} at {spec.confidence:g} confidence; this cell has n = {c.n}"
                 if c.n < need else "")
+        if c.n == 0:
+            skip = (f"no latency sample: {c.n_trials} trial(s), {c.completed} completed before the cancel took "
+                    f"effect, {c.errors} error(s)")
         suites.setdefault(key, []).append((f"cancelbench.{c.workload}.{c.device}", name,
                                            ",".join(f.kinds) if f else None, f.message if f else None, skip, out))
         stats_props.setdefault(key, []).extend(

@@ -223,3 +223,14 @@ def test_legends_list_the_build_facts_of_each_side(tmp_path, capsys):
     reports_main(["report", str(base), "--format", "markdown"])
     md = capsys.readouterr().out
     assert "### Builds" in md and "Debian GNU/Linux 12" in md
+
+
+def test_a_cell_without_samples_is_skipped_saying_why(tmp_path, capsys):
+    rows = cell_rows("s", [1.0, 2.0, 3.0, 4.0, 5.0])
+    rows += [cancel_row(f"late-{i}", None, phase=None, outcome="completed") for i in range(3)]
+    d = write_dataset(tmp_path / "late", rows)
+    assert reports_main(["report", str(d), "--format", "junit"]) == 0
+    xml = junitparser.JUnitXml.fromstring(capsys.readouterr().out)
+    (late,) = [c for _, c in _cases(xml) if c.name.endswith("/ (none)")]
+    assert _kinds(late) == ["Skipped"] and late.result[0].message.startswith(
+        "no latency sample: 3 trial(s), 3 completed before the cancel took effect")
