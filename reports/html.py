@@ -38,6 +38,7 @@ td.over{background:#fde2e2}.mark{color:#b00}
 figure{margin:.8em 0}
 figcaption{font-weight:600;margin-bottom:.3em}
 td.wrap{white-space:normal;overflow-wrap:anywhere;min-width:8em;max-width:40em}
+td.wrap .tok{white-space:nowrap}
 svg{max-width:100%;height:auto}
 figure svg{width:100%}
 """
@@ -47,6 +48,7 @@ def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
+MAX_UNBROKEN = 64  # characters of one word kept on one line in a wrapping column
 # Columns of free text (trial id lists, reasons, errors): they wrap, so no table scrolls sideways.
 WRAP_HEADERS = frozenset({"worst trials", "worst candidate trials", "why", "error", "value", "cell", "device class",
                           "sweep"})
@@ -60,6 +62,9 @@ def _td(text: str, number: bool, first_of_group: bool, wrap: bool = False) -> st
         body = f'<span class="na" title="too few samples">{esc(NA)}</span>'
     elif OVER in text:
         body = body.replace(esc(OVER), f'<span class="mark" title="over the bound">{esc(OVER)}</span>')
+    elif wrap:  # lines break between words (trial ids), not at a hyphen inside one; very long words still may
+        body = " ".join(f'<span class="tok">{esc(w)}</span>' if len(w) <= MAX_UNBROKEN else esc(w)
+                        for w in text.split(" "))
     return f'<td class="{" ".join(cls)}">{body}</td>' if cls else f"<td>{body}</td>"
 
 

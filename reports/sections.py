@@ -147,9 +147,10 @@ def detail_section(report: Report) -> Section:
         phases = sorted({k[1] for k in folded})
         outcomes = {name: sum(getattr(c, name) for c in cells) for name in ("completed", "errors")}
         what = ", ".join(f"{v} {k}" for k, v in outcomes.items() if v) or "no outcome counted"
-        s.note += (f"; not listed: {len(folded)} rows without a latency sample (phase {', '.join(phases)}: "
-                   f"{sum(c.n_trials for c in cells)} trials, {what}; the engine finished before the cancel "
-                   "arrived)")
+        n_rows, n_trials = len(folded), sum(c.n_trials for c in cells)
+        s.note += (f"; not listed: {n_rows} row{'s' if n_rows != 1 else ''} without a latency sample (phase "
+                   f"{', '.join(phases)}: {n_trials} trial{'s' if n_trials != 1 else ''}, {what}; the engine "
+                   "finished before the cancel arrived)")
     return s
 
 

@@ -66,6 +66,7 @@ LAYOUT = """JSON.stringify({
   svgs: [...document.querySelectorAll('figure svg')].map(s => s.getBoundingClientRect().width),
   phases: [...document.querySelectorAll('#table-phases tbody tr')].map(r => r.cells[1].textContent),
   note: document.querySelector('#section-phases .note').textContent,
+  idLines: [...document.querySelectorAll('#table-over td.wrap .tok')].map(t => t.getClientRects().length),
 })"""
 
 
@@ -84,6 +85,7 @@ def test_report_page_fits_1400_px(tmp_path):
         browser.close()
     assert state["width"] == 1400 and state["pageScroll"] <= 1400  # nothing scrolls the page sideways
     over = next(t for t in state["tables"] if t["id"] == "table-over")  # five 50-character ids per row
+    assert state["idLines"] and all(n == 1 for n in state["idLines"])  # an id is never split across lines
     assert all(t["right"] <= 1400 for t in state["tables"]), state["tables"]
     assert over["scroll"] <= over["client"] + 1
     # every plot uses most of the width (it was ~300 px of 1400 before)
