@@ -36,9 +36,17 @@ def annotation(title: str, message: str, level: str = "error") -> str:
     return f"::{level} title={_escape_property(title)}::{_escape_data(message)}"
 
 
+MAX_ANNOTATIONS = 10  # GitHub shows at most 10 error annotations per step and drops the rest
+
+
 def annotations(failures, what: str) -> str:
-    """One ``::error`` line per failure (``junit.CellFailure``), then a ``::notice`` with the count."""
-    lines = [annotation(f"cancelbench {what}: {f.suite}: {f.case}", f.message) for f in failures]
+    """One ``::error`` line per failure (``junit.CellFailure``); past GitHub's 10 per step, the
+    10th line says how many more there are (never dropped silently); a ``::notice`` when none."""
+    shown = failures if len(failures) <= MAX_ANNOTATIONS else failures[:MAX_ANNOTATIONS - 1]
+    lines = [annotation(f"cancelbench {what}: {f.suite}: {f.case}", f.message) for f in shown]
+    if len(shown) < len(failures):
+        lines.append(annotation(f"cancelbench {what}: {len(failures) - len(shown)} more failing cells",
+                                "GitHub shows 10 annotations per step; the job summary and the JUnit XML list all"))
     if not failures:
         lines.append(annotation(f"cancelbench {what}", "no failing cells", level="notice"))
     return "\n".join(lines) + "\n"

@@ -234,3 +234,15 @@ def test_a_cell_without_samples_is_skipped_saying_why(tmp_path, capsys):
     (late,) = [c for _, c in _cases(xml) if c.name.endswith("/ (none)")]
     assert _kinds(late) == ["Skipped"] and late.result[0].message.startswith(
         "no latency sample: 3 trial(s), 3 completed before the cancel took effect")
+
+
+def test_annotations_past_githubs_ten_say_how_many_more():
+    from cancelbench.reports.github import annotations
+    from cancelbench.reports.junit import CellFailure
+
+    fails = [CellFailure("tts @ h/cpu:0", f"m / d / p{i}", ["over_bound"], f"p99 over, worst: t{i}") for i in range(25)]
+    lines = annotations(fails, "report").splitlines()
+    assert len(lines) == 10 and all(line.startswith("::error title=") for line in lines)
+    assert "16 more failing cells" in lines[-1] and "t8" in lines[-2]
+    assert len(annotations(fails[:10], "report").splitlines()) == 10  # exactly ten: all shown
+    assert annotations([], "diff").startswith("::notice title=cancelbench diff::no failing cells")
