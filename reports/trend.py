@@ -10,8 +10,9 @@ Cells match across sweeps exactly as ``diff`` matches them (``diff._cells_by_cla
 workload, phase, mechanism, delivery, device class).  Per cell and sweep the
 table shows n, the p50 and the bound percentile with 95% bootstrap intervals
 (the exact order-statistic bootstrap of ``stats.bootstrap_percentiles``,
-seeded per cell and sweep); the bound percentile only where n reaches its
-minimum count.
+seeded per cell and sweep); each percentile only where n reaches its minimum
+count (``stats.min_samples``: 5 for the p50, 299 for a p99 at 95%), and a step
+is tested only where both sides have their p50.
 
 Change between consecutive sweeps: a two-sided Mann-Whitney U test on the raw
 latencies (scipy's when installed, else the exact null distribution without
@@ -316,6 +317,7 @@ def run_trend(dirs: list[str], spec: TrendSpec = TrendSpec(), filters: Filters =
     mwu, mwu_name = _mwu_impl()
     bl = spec.percentile
     need_high = stats.min_samples(bl, spec.confidence)
+    need_p50 = stats.min_samples(0.5, spec.confidence)  # as the report: no p50 from fewer samples
     keys = sorted(set().union(*sides))
     cells: list[TrendCell] = []
     samples: dict[tuple, list] = {}
@@ -331,8 +333,8 @@ def run_trend(dirs: list[str], spec: TrendSpec = TrendSpec(), filters: Filters =
                 continue
             lat, st = s.sorted_latency, s.stats
             rng = np.random.default_rng(_cell_seed(spec.seed, (*key, i)))
-            p50 = stats.nearest_rank(lat, 0.5) if len(lat) else None
-            p50_ci = _interval(lat, 0.5, rng, spec.n_boot, 0.95) if len(lat) else None
+            p50 = stats.nearest_rank(lat, 0.5) if len(lat) >= need_p50 else None
+            p50_ci = _interval(lat, 0.5, rng, spec.n_boot, 0.95) if p50 is not None else None
             high = stats.nearest_rank(lat, bl) if len(lat) >= need_high else None
             high_ci = _interval(lat, bl, rng, spec.n_boot, 0.95) if high is not None else None
             points.append(TrendPoint(len(lat), p50, p50_ci, high, high_ci, st.dropped, st.lost, st.over))
@@ -340,8 +342,8 @@ def run_trend(dirs: list[str], spec: TrendSpec = TrendSpec(), filters: Filters =
         steps: list[Step | None] = [None]
         for i in range(1, len(sides)):
             a, b = arrays[i - 1], arrays[i]
-            if a is None or b is None or len(a) < 3 or len(b) < 3:
-                steps.append(None)
+            if points[i - 1] is None or points[i] is None or points[i - 1].p50 is None or points[i].p50 is None:
+                steps.append(None)  # no test where a side has too few samples for its p50
                 continue
             _, p = mwu(a, b)
             pa50, pb50 = points[i - 1].p50, points[i].p50
@@ -421,7 +423,8 @@ def trend_section(result: TrendResult) -> Section:
                          _ci(pt.p50, pt.p50_ci), _ci(pt.high, pt.high_ci), change, p, flag])
     spec = result.spec
     note = (f"per sweep: p50 and {pl} with 95% bootstrap intervals ({spec.n_boot} replicates, seed {spec.seed}; "
-            f"{pl} only where n >= {stats.min_samples(spec.percentile, spec.confidence)}); change vs the previous "
+            f"p50 where n >= {stats.min_samples(0.5, spec.confidence)}, {pl} where n >= "
+            f"{stats.min_samples(spec.percentile, spec.confidence)}); change vs the previous "
             f"sweep: two-sided Mann-Whitney U on the raw latencies ({result.mwu}), Holm-corrected over "
             f"{result.n_tests} tests, alpha {spec.alpha:g}; flagged when significant and the p50 moved by more "
             f"than x{1 + spec.rel_threshold:.3g} either way")
