@@ -206,6 +206,21 @@ def _s(b: bytes | None) -> str:
 _VK_TYPES = {0: "other", 1: "igpu", 2: "gpu", 3: "virtual", 4: "cpu"}
 
 
+def vk_version(v: int) -> str:
+    """A VK_MAKE_API_VERSION number as major.minor.patch."""
+    return f"{(v >> 22) & 0x7F}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
+
+
+def vk_driver_version(vendor_id: int, v: int) -> str:
+    """``driverVersion`` is vendor-encoded: NVIDIA packs 10.8.8.6 bits, Intel on Windows 18.14;
+    Mesa and most others use the API version encoding."""
+    if vendor_id == 0x10DE:
+        return f"{(v >> 22) & 0x3FF}.{(v >> 14) & 0xFF}.{(v >> 6) & 0xFF}.{v & 0x3F}"
+    if vendor_id == 0x8086 and sys.platform == "win32":
+        return f"{v >> 14}.{v & 0x3FFF}"
+    return vk_version(v)
+
+
 def vulkan_physical_devices() -> list[dict]:
     """Physical Vulkan devices straight from the loader (``vkEnumeratePhysicalDevices``):
     ``[{index, name, vk_type}]`` in the order ``GGML_VK_VISIBLE_DEVICES`` indexes.
@@ -261,7 +276,9 @@ def vulkan_physical_devices() -> list[dict]:
             props_fn(handles[i], buf)
             head = VkPhysicalDevicePropertiesHead.from_buffer(buf)
             out.append({"index": i, "name": _s(head.deviceName),
-                        "vk_type": _VK_TYPES.get(head.deviceType, "other")})
+                        "vk_type": _VK_TYPES.get(head.deviceType, "other"),
+                        "driver_version": vk_driver_version(head.vendorID, head.driverVersion),
+                        "api_version": vk_version(head.apiVersion)})
         return out
     finally:
         destroy(inst, None)

@@ -36,14 +36,18 @@ def build_report(dirs: list[str | Path], spec: ReportSpec = ReportSpec(), filter
         return report
     if engine != "pandas":
         raise ValueError(f"unknown engine {engine!r}")
+    from .legend import attach_builds
+
     loaded = load_frame(dirs, TABLE_COLUMNS, filters, with_samples=with_samples)
     frame = loaded.frame
-    return Report(
+    report = Report(
         spec=spec, dirs=loaded.dirs, cells=aggregate_cells(frame, spec),
         pooled=aggregate_cells(frame, spec, pool_phases=True), hops=aggregate_hops(frame),
         devices=device_infos(frame), defects=load_defects(dirs, filters), n_records=len(frame),
         samples=loaded.samples,
     )
+    attach_builds(report, dirs, filters)
+    return report
 
 
 __all__ = ["Filters", "Report", "ReportSpec", "build_report", "load_defects"]

@@ -75,9 +75,12 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
         description="Cross-platform cancel latency report. Exit 0, or 1 when dropped cancels or lost trials "
                     "exist, 2 on bad input.")
     p.add_argument("dirs", nargs="+", metavar="DIR", help="sweep result directories")
-    p.add_argument("--format", choices=("terminal", "markdown", "json", "html"), default="terminal",
-                   help="what goes to stdout (default terminal)")
+    p.add_argument("--format", choices=("terminal", "markdown", "json", "html", "junit", "github"),
+                   default="terminal", help="what goes to stdout (default terminal; junit: JUnit XML, a failing "
+                   "testcase per cell over its bound or with dropped/lost trials; github: an ::error annotation "
+                   "line per failing cell)")
     p.add_argument("--markdown", metavar="PATH", help="also write the Markdown report here")
+    p.add_argument("--junit", metavar="PATH", help="also write the JUnit XML here")
     p.add_argument("--json", metavar="PATH", help="also write the JSON verdict here")
     p.add_argument("--html", metavar="PATH", help="also write the self-contained HTML page here")
     p.add_argument("--bound-percentile", type=_percent, default=0.99, metavar="PCT",
@@ -108,9 +111,13 @@ def run_report(args: argparse.Namespace) -> int:
             report.samples = load_plot_samples(args.dirs, filters) if html else None
         else:
             report = build_report(args.dirs, spec, filters, with_samples=html)  # one scan for tables and plots
+        from .github import append_step_summary, report_annotations
+        from .junit import report_to_junit
+
         renders = {"terminal": lambda: to_terminal(report, args.max_defects),
                    "markdown": lambda: to_markdown(report, args.max_defects),
-                   "json": lambda: to_json(report)}
+                   "json": lambda: to_json(report), "junit": lambda: report_to_junit(report),
+                   "github": lambda: report_annotations(report)}
         if html:
             from .html import to_html
             from .load import load_references
@@ -123,7 +130,10 @@ def run_report(args: argparse.Namespace) -> int:
             _write(args.markdown, renders["markdown"]())
         if args.json:
             _write(args.json, renders["json"]())
+        if args.junit:
+            _write(args.junit, renders["junit"]())
         sys.stdout.write(renders[args.format]())
+        append_step_summary(lambda limit: to_markdown(report, args.max_defects, limit), "report")
         for d in args.dirs:  # an interrupted or cut-short sweep: say so (the tables cover what is on disk)
             reason = partial_reason(Path(d))
             if reason:
@@ -140,10 +150,13 @@ def add_diff_parser(subparsers) -> argparse.ArgumentParser:
         description="Compare a candidate sweep with a baseline. Exit 1 on regression, 0 otherwise, 2 on bad input.")
     p.add_argument("baseline", metavar="BASELINE", help="baseline sweep directory")
     p.add_argument("candidate", metavar="CANDIDATE", help="candidate sweep directory")
-    p.add_argument("--format", choices=("terminal", "markdown", "json", "html"), default="terminal",
+    p.add_argument("--format", choices=("terminal", "markdown", "json", "html", "junit", "github"),
+                   default="terminal",
                    help="what goes to stdout (default terminal; markdown is the CI comment; html overlays the "
-                        "baseline and candidate ECDFs of every changed cell)")
+                        "baseline and candidate ECDFs of every changed cell; junit: a failing testcase per "
+                        "regressed cell; github: an ::error annotation line per regressed cell)")
     p.add_argument("--markdown", metavar="PATH", help="also write the Markdown comment here")
+    p.add_argument("--junit", metavar="PATH", help="also write the JUnit XML here")
     p.add_argument("--json", metavar="PATH", help="also write the JSON verdict here")
     p.add_argument("--html", metavar="PATH", help="also write the HTML page here")
     p.add_argument("--percentile", type=_percent, default=0.99, metavar="PCT",
@@ -174,14 +187,24 @@ def run_diff_cmd(args: argparse.Namespace) -> int:
                         n_boot=args.bootstrap, seed=args.seed, bound=_bound_spec(args),
                         class_map=parse_class_map(args.map_class), ignore_settings=tuple(args.ignore_setting))
         result = run_diff([args.baseline], [args.candidate], spec, _filters(args))
+        from .legend import builds_by_class, builds_legend
+
+        legend = builds_legend([("baseline", builds_by_class([args.baseline], _filters(args))),
+                                ("candidate", builds_by_class([args.candidate], _filters(args)))])
+        result.legend = [legend] if legend.rows else []
         from .html import diff_to_html
 
+        from .github import append_step_summary, diff_annotations
+        from .junit import diff_to_junit
+
         renders = {"terminal": diff_to_terminal, "markdown": diff_to_markdown, "json": diff_to_json,
-                   "html": diff_to_html}
-        for path, form in ((args.markdown, "markdown"), (args.json, "json"), (args.html, "html")):
+                   "html": diff_to_html, "junit": diff_to_junit, "github": diff_annotations}
+        for path, form in ((args.markdown, "markdown"), (args.json, "json"), (args.html, "html"),
+                           (args.junit, "junit")):
             if path:
                 _write(path, renders[form](result))
         sys.stdout.write(renders[args.format](result))
+        append_step_summary(lambda limit: diff_to_markdown(result, limit), "diff")
     except (DatasetError, ValueError, OSError) as exc:
         return _fail("diff", exc)
     return result.exit_code

@@ -113,6 +113,7 @@ class DiffResult:
     # sorted latencies (baseline, candidate; None for a side without the cell) of the regressed and improved
     # cells, for the HTML page's overlaid ECDFs
     samples: dict[tuple, tuple[np.ndarray | None, np.ndarray | None]] = field(default_factory=dict)
+    legend: list[Section] = field(default_factory=list)  # extra legend sections (builds), rendered last
 
     @property
     def regressed(self) -> list[CellDiff]:
@@ -360,6 +361,8 @@ def diff_to_terminal(result: DiffResult) -> str:
            term_safe(f"baseline: {', '.join(result.baseline)}  candidate: {', '.join(result.candidate)}"),
            *(term_safe(n) for n in class_notes(result)), "", term_safe(s.note)]
     out += render_terminal_table(s) if s.rows else ["(no cells)"]
+    for extra in result.legend:
+        out += ["", f"== {term_safe(extra.title)} ==", term_safe(extra.note), *render_terminal_table(extra)]
     return "\n".join(out) + "\n"
 
 
@@ -369,7 +372,7 @@ def diff_to_markdown(result: DiffResult, limit: int = MARKDOWN_LIMIT) -> str:
     head = [f"## cancelbench diff: {'REGRESSED' if result.exit_code else 'OK'}", "", md_safe(diff_headline(result)),
             "", md_safe(f"baseline: {', '.join(result.baseline)}; candidate: {', '.join(result.candidate)}")]
     head += ["", *(f"- {md_safe(n)}" for n in class_notes(result))] if class_notes(result) else []
-    return markdown_document(head, [diff_section(result)], ["cells"], limit)
+    return markdown_document(head, [diff_section(result), *result.legend], ["builds", "cells"], limit)
 
 
 def diff_dict(result: DiffResult) -> dict:
@@ -390,6 +393,7 @@ def diff_dict(result: DiffResult) -> dict:
         "class_map": [list(p) for p in result.spec.class_map],
         "ignore_settings": list(result.spec.ignore_settings),
         "cells": [asdict(c) for c in result.cells],
+        "builds": [dict(zip(s.headers, r)) for s in result.legend for r in s.rows],
     })
 
 

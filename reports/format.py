@@ -138,7 +138,8 @@ def to_markdown(report: Report, max_defects: int = 50, limit: int = MARKDOWN_LIM
     secs = sections(report, max_defects)
     compare = [s.sid for s in secs if s.sid.startswith("compare-")]
     # the over-bound list goes first (the per-phase table marks the same cells), the defects last
-    return markdown_document(head, secs, ["over", "phases", "devices", "hops", *reversed(compare), "defects"], limit)
+    return markdown_document(head, secs, ["builds", "over", "phases", "devices", "hops", *reversed(compare),
+                                          "defects"], limit)
 
 
 # ------------------------------------------------------------------- json --

@@ -37,7 +37,10 @@ td.over{background:#fde2e2}.mark{color:#b00}
 .verdict-ok{color:#060}.verdict-over_bound{color:#a60}.verdict-defects{color:#b00}
 figure{margin:.8em 0}
 figcaption{font-weight:600;margin-bottom:.3em}
+td.wrap{white-space:normal;overflow-wrap:anywhere;min-width:8em;max-width:40em}
+td.wrap .tok{white-space:nowrap}
 svg{max-width:100%;height:auto}
+figure svg{width:100%}
 """
 
 
@@ -45,13 +48,23 @@ def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _td(text: str, number: bool, first_of_group: bool) -> str:
-    cls = [c for c, on in (("num", number), ("g0", first_of_group), ("over", OVER in text)) if on]
+MAX_UNBROKEN = 64  # characters of one word kept on one line in a wrapping column
+# Columns of free text (trial id lists, reasons, errors): they wrap, so no table scrolls sideways.
+WRAP_HEADERS = frozenset({"worst trials", "worst candidate trials", "why", "error", "value", "cell", "device class",
+                          "sweep"})
+
+
+def _td(text: str, number: bool, first_of_group: bool, wrap: bool = False) -> str:
+    cls = [c for c, on in (("num", number), ("g0", first_of_group), ("over", OVER in text), ("wrap", wrap))
+           if on]
     body = esc(text)
     if text == NA:
         body = f'<span class="na" title="too few samples">{esc(NA)}</span>'
     elif OVER in text:
         body = body.replace(esc(OVER), f'<span class="mark" title="over the bound">{esc(OVER)}</span>')
+    elif wrap:  # lines break between words (trial ids), not at a hyphen inside one; very long words still may
+        body = " ".join(f'<span class="tok">{esc(w)}</span>' if len(w) <= MAX_UNBROKEN else esc(w)
+                        for w in text.split(" "))
     return f'<td class="{" ".join(cls)}">{body}</td>' if cls else f"<td>{body}</td>"
 
 
@@ -71,8 +84,9 @@ def table_html(s: Section) -> str:
     else:
         thead = "<tr>" + "".join(f'<th{" class=num" if i >= keys else ""}>{esc(h)}</th>'
                                  for i, h in enumerate(s.headers)) + "</tr>"
-    body = "".join("<tr>" + "".join(_td(str(t), i >= keys, i in starts) for i, t in enumerate(row)) + "</tr>"
-                   for row in s.rows)
+    wrap = {i for i, h in enumerate(s.headers) if h in WRAP_HEADERS}
+    body = "".join("<tr>" + "".join(_td(str(t), i >= keys, i in starts, i in wrap) for i, t in enumerate(row))
+                   + "</tr>" for row in s.rows)
     return f'<table id="table-{esc(s.sid)}"><thead>{thead}</thead><tbody>{body}</tbody></table>'
 
 
@@ -169,4 +183,5 @@ def diff_to_html(result) -> str:
     else:
         body.append("<p>No cell changed: nothing to overlay.</p>")
     body.append(section_html(diff_section(result)))
+    body += [section_html(s) for s in getattr(result, "legend", [])]
     return page("cancelbench diff", body)

@@ -109,8 +109,14 @@ def margins(fig: Figure, left: float = 0.7, bottom: float = 0.55, top: float = 0
                         wspace=wspace)
 
 
+# Figures are drawn at the page's width (the HTML scales them to it): at 1400 px a reader
+# compares mechanisms in these plots first; few panels get taller rows, not a narrow strip.
+PAGE_WIDTH_IN = 13.0
+
+
 def _grid(n_rows: int, n_cols: int, height: float, **kw):
-    fig = Figure(figsize=(min(13.5, 3.4 * n_cols + 0.9), height * n_rows + 1.0))
+    row = height * {1: 1.45, 2: 1.2}.get(n_cols, 1.0)
+    fig = Figure(figsize=(PAGE_WIDTH_IN, row * n_rows + 1.0))
     return fig, fig.subplots(n_rows, n_cols, squeeze=False, **kw)
 
 
@@ -170,7 +176,7 @@ def plot_dots(samples: pd.DataFrame, spec, seed: int = 0) -> str:
     bl = stats.percentile_label(spec.bound_percentile)
     labels = [plot_label(f"{d} · {m} · {w}") for (w, d, m), _ in groups]
     left = 0.3 + 0.062 * max((len(t) for t in labels), default=10)  # ~inches of 8 pt text
-    fig = Figure(figsize=(6.5 + left, 1.0 + 0.3 * max(1, len(groups))))
+    fig = Figure(figsize=(max(PAGE_WIDTH_IN, 6.5 + left), 1.0 + 0.3 * max(1, len(groups))))
     ax = fig.add_subplot()
     margins(fig, left=left, top=0.15, bottom=0.6)
     rng = np.random.default_rng(seed)

@@ -112,5 +112,9 @@ def build_report_ray(dirs: list[str | Path], spec: ReportSpec, filters: Filters 
                              trial_kinds=None, outcomes=DEFECT_OUTCOMES)
     raw_defects = _read(paths, DEFECT_COLUMNS, defect_filters).to_pandas()
     defects = defects_table(raw_defects.reindex(columns=DEFECT_COLUMNS))
-    return Report(spec=spec, dirs=[str(d) for d in dirs], cells=cells, pooled=pooled, hops=hops, devices=devices,
-                  defects=defects, n_records=sum(c.n_trials for c in cells))
+    report = Report(spec=spec, dirs=[str(d) for d in dirs], cells=cells, pooled=pooled, hops=hops, devices=devices,
+                    defects=defects, n_records=sum(c.n_trials for c in cells))
+    from .legend import attach_builds
+
+    attach_builds(report, dirs, filters)  # a narrow pyarrow scan of distinct values, on this machine
+    return report

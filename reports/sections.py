@@ -129,12 +129,32 @@ def comparison_sections(report: Report) -> list[Section]:
             for i, (w, rows) in enumerate(sorted(by_workload.items()))]
 
 
+def _no_samples(cells: dict[str, CellStats]) -> bool:
+    """A row with no latency sample and nothing wrong on any device: only dashes to show."""
+    return all(c.n == 0 and not c.dropped and not c.lost for c in cells.values())
+
+
 def detail_section(report: Report) -> Section:
+    """Rows without a latency sample anywhere (cancels that never met a running engine, phase
+    ``(none)``: the engine had finished) are folded into one line of the note, not listed per
+    mechanism and delivery; a row with dropped or lost trials always stays."""
     rows: dict[tuple, dict[str, CellStats]] = {}
     for c in report.cells:
         rows.setdefault(c.row_key, {})[c.device] = c
-    return _device_table("Per phase at receipt", False, ["workload", "phase", "mechanism", "delivery"], rows,
-                         report.devices_in_cells(), report.spec, lambda c: c.over, True, "phases")
+    folded = {k: v for k, v in rows.items() if _no_samples(v)}
+    kept = {k: v for k, v in rows.items() if k not in folded}
+    s = _device_table("Per phase at receipt", False, ["workload", "phase", "mechanism", "delivery"], kept,
+                      report.devices_in_cells(), report.spec, lambda c: c.over, True, "phases")
+    if folded:
+        cells = [c for v in folded.values() for c in v.values()]
+        phases = sorted({k[1] for k in folded})
+        outcomes = {name: sum(getattr(c, name) for c in cells) for name in ("completed", "errors")}
+        what = ", ".join(f"{v} {k}" for k, v in outcomes.items() if v) or "no outcome counted"
+        n_rows, n_trials = len(folded), sum(c.n_trials for c in cells)
+        s.note += (f"; not listed: {n_rows} row{'s' if n_rows != 1 else ''} without a latency sample (phase "
+                   f"{', '.join(phases)}: {n_trials} trial{'s' if n_trials != 1 else ''}, {what}; the engine "
+                   "finished before the cancel arrived)")
+    return s
 
 
 def verdict_line(report: Report) -> str:
@@ -191,7 +211,16 @@ def devices_section(report: Report) -> Section:
         sid="devices")
 
 
+def builds_section(devices) -> Section:
+    """Build and host facts per device (``DeviceInfo.build``), one row per fact: a narrow table."""
+    return Section(
+        "Builds", "what each device's agent loaded and ran on (what a trend groups by)",
+        ["device", "fact", "value"],
+        [[i.device, k, v] for i in devices for k, v in getattr(i, "build", {}).items()], sid="builds")
+
+
 def sections(report: Report, max_defects: int = 50) -> list[Section]:
     """Headline tables first: the comparison, then what failed, then detail."""
     return [*comparison_sections(report), defects_section(report, max_defects), over_section(report),
-            detail_section(report), hops_section(report), devices_section(report)]
+            detail_section(report), hops_section(report), devices_section(report),
+            *(b for b in [builds_section(report.devices)] if b.rows)]  # older datasets: no build facts

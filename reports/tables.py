@@ -295,6 +295,7 @@ class DeviceInfo:
     platform: str
     arch: str
     backend: str
+    build: dict = field(default_factory=dict)  # build and host facts (``legend.attach_builds``)
 
     @property
     def device_class(self) -> str:

@@ -1,0 +1,81 @@
+"""The build and host facts of each device, for the device legend of report, diff and trend.
+
+What the agent loaded and ran on (see ``cancelbench.schema``): the llama.cpp
+build and commit, ggml version and backends, OS, kernel, GPU driver and the
+cancelbench version/git describe.  Read in one narrow scan of distinct values;
+a device whose rows disagree (a resumed sweep on an upgraded host) shows every
+value, joined by `` | ``.  Datasets written before these columns existed read
+them as null and show nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .load import Filters, scan_table
+
+BUILD_COLUMNS = ("llama_cpp_python_version", "llama_cpp_build", "llama_cpp_commit", "ggml_version", "ggml_backends",
+                 "gpu_driver_version", "os_release", "kernel_version", "cancelbench_version",
+                 "cancelbench_git_describe")
+
+
+def distinct_builds(table: pa.Table, key_columns: list[str]) -> dict[tuple, dict[str, str]]:
+    """(key values) -> {build column: value(s)} of the rows of ``table``."""
+    cols = [c for c in BUILD_COLUMNS if c in table.column_names]
+    table = table.select(key_columns + cols)
+    for name in table.column_names:
+        table = table.set_column(table.schema.get_field_index(name), name,
+                                 pc.fill_null(table.column(name).cast(pa.string()), ""))
+    rows = table.group_by(key_columns + cols).aggregate([]).to_pylist()
+    out: dict[tuple, dict[str, list[str]]] = {}
+    for r in rows:
+        facts = out.setdefault(tuple(r[k] for k in key_columns), {})
+        for c in cols:
+            if r[c] and r[c] not in facts.setdefault(c, []):
+                facts[c].append(r[c])
+    return {k: {c: " | ".join(sorted(v)) for c, v in facts.items() if v} for k, facts in out.items()}
+
+
+def load_builds(dirs: list[str | Path], filters: Filters = Filters()) -> dict[str, dict[str, str]]:
+    """device key (``host/device``, as the report's cells) -> build facts."""
+    f = Filters(workloads=filters.workloads, backends=filters.backends, hosts=filters.hosts,
+                trial_kinds=("cancel", "reference"))
+    table = scan_table(dirs, ["host", "device", *BUILD_COLUMNS], f)
+    table = table.append_column("device_key", pc.binary_join_element_wise(
+        pc.fill_null(table.column("host").cast(pa.string()), "(none)"),
+        pc.fill_null(table.column("device").cast(pa.string()), "(none)"), "/"))
+    return {k[0]: v for k, v in distinct_builds(table, ["device_key"]).items()}
+
+
+def attach_builds(report, dirs: list[str | Path], filters: Filters = Filters()) -> None:
+    """Fill ``DeviceInfo.build`` of every device of the report."""
+    builds = load_builds(dirs, filters)
+    for info in report.devices:
+        info.build = builds.get(info.device, {})
+
+
+def builds_by_class(dirs: list[str | Path], filters: Filters = Filters()) -> dict[str, dict[str, str]]:
+    """device class (``platform/arch/backend/device_name``, what diff and trend match on) -> build facts."""
+    f = Filters(workloads=filters.workloads, backends=filters.backends, hosts=filters.hosts,
+                trial_kinds=("cancel", "reference"))
+    table = scan_table(dirs, ["platform", "arch", "backend", "device_name", *BUILD_COLUMNS], f)
+    parts = [pc.fill_null(table.column(c).cast(pa.string()), "(none)")
+             for c in ("platform", "arch", "backend", "device_name")]
+    cls = parts[0]
+    for p in parts[1:]:
+        cls = pc.binary_join_element_wise(cls, p, "/")
+    table = table.append_column("device_class", cls)
+    return {k[0]: v for k, v in distinct_builds(table, ["device_class"]).items()}
+
+
+def builds_legend(sides: list[tuple[str, dict[str, dict[str, str]]]]):
+    """A "Builds" section (one row per fact) for named sides, e.g. baseline and candidate."""
+    from .sections import Section
+
+    rows = [[name, cls, k, v] for name, by_class in sides for cls, facts in sorted(by_class.items())
+            for k, v in facts.items()]
+    return Section("Builds", "what each device class's agents loaded and ran on",
+                   ["side", "device class", "fact", "value"], rows, sid="builds")
