@@ -24,8 +24,10 @@ def llama_versions() -> tuple[str, str]:
     return llama_cpp.__version__, build
 
 
-def probe_host(device_id: str = "cpu:0", device_name: str | None = None, n_threads: int | None = None) -> dict:
-    lcp, build = llama_versions()
+def probe_host(device_id: str = "cpu:0", device_name: str | None = None, n_threads: int | None = None,
+               with_llama: bool = True) -> dict:
+    """Host metadata; ``with_llama=False`` (a simulated device) leaves llama.cpp unloaded and its versions null."""
+    lcp, build = llama_versions() if with_llama else (None, None)
     backend = device_id.split(":", 1)[0]
     return {
         "hostname": socket.gethostname(),

@@ -54,6 +54,7 @@ class EngineSpec:
     factory: str  # "module:Class", imported only when an agent builds the engine
     needs_mmproj: bool = False  # the workload must name a multimodal projector (and a real model)
     simulated: bool = False  # reports mark a simulated engine as such
+    needs_model: bool = True  # False: no model file, no lock, no corpus (probe, sim)
 
     def make(self, workload: dict):
         module, cls = self.factory.split(":")
@@ -67,7 +68,10 @@ ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
     EngineSpec("stt", ("preprocess", "prefill", "encode", "decode_embd", "generate"), MECHANISM_NAMES,
                ".stt:SttEngine", needs_mmproj=True),
     # The probe polls the native token whatever the mechanism: it calibrates the harness.
-    EngineSpec("probe", ("busy",), MECHANISM_NAMES, ".text:ProbeEngine"),
+    EngineSpec("probe", ("busy",), MECHANISM_NAMES, ".text:ProbeEngine", needs_model=False),
+    # Waits instead of compute (native/cancel_token.c cb_sim_wait): scale work and a known answer.
+    EngineSpec("sim", ("prefill", "generate"), MECHANISM_NAMES, ".sim:SimEngine", simulated=True,
+               needs_model=False),
 )}
 
 
