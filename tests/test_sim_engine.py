@@ -214,3 +214,29 @@ def test_a_cancel_latched_before_the_start_stops_in_the_first_phase_without_a_wa
     result = engine.run(TrialRequest("abort_callback", ""), ctl)
     assert result.outcome == "cancelled" and result.phase_at_terminal == "prefill"
     assert engine.last_waits == [] and result.output is None
+
+
+def test_the_driver_cancel_timer_never_spins_holding_the_gil(monkeypatch):
+    """Every pass of the driver's wait-for-deadline loop sleeps (time.sleep releases the
+    GIL; 0 yields it): a spin loop holding the GIL starves every other device thread."""
+    from cancelbench.orchestrator import device_run
+
+    now = [0]
+    reads = []
+    calls = []
+
+    def fake_now():
+        now[0] += 30_000  # each clock read: 30 us later
+        reads.append(now[0])
+        return now[0]
+
+    def fake_sleep(s):
+        calls.append(s)
+        now[0] += int(s * 1e9)
+
+    monkeypatch.setattr(device_run, "driver_now_ns", fake_now)
+    monkeypatch.setattr(device_run.time, "sleep", fake_sleep)
+    device_run._sleep_until_driver(5_000_000)
+    assert reads[-1] >= 5_000_000 > reads[-2]  # returns at the first read past the deadline
+    assert len(calls) == len(reads) - 1  # every pass but the returning one slept (or yielded)
+    assert calls[0] * 1e9 >= 5_000_000 - 30_000 - device_run.SPIN_NS - 1  # most of the wait in one sleep
