@@ -3,7 +3,8 @@ on the local Ray (127.0.0.1), the sim engine (phases that wait, no CPU), driver-
 delivered cancels.
 
 Per N: driver CPU (process CPU time of this process, which is the driver, over the
-trial window) as a share of one core, driver RSS, records/s into the dataset, trial
+trial window) as a share of one core, the agents' CPU and the rest of Ray's (the
+driver's descendant processes, sampled from a separate process), driver RSS, records/s into the dataset, trial
 throughput, and from the records ``deliver_ms`` (driver -> agent cancel hop) and
 ``schedule_lag_ms`` (how late the driver fired) p50/p99, plus the idle gap an agent
 waits between one trial's end and its next hand-back (the driver's per-trial
@@ -78,6 +79,64 @@ class CpuSampler:
                 "rss_mb_max": round(max(s[2] for s in inside), 1)}
 
 
+# Runs in its own process (so it costs the driver nothing): every 0.1 s, the CPU time
+# (utime+stime, s) of the driver's descendants: the agents (DeviceAgent) and the rest
+# of this Ray (gcs, raylet, dashboard, idle workers). One JSON line per sample.
+_CHILD_SAMPLER = r"""
+import json, os, sys, time
+root = int(sys.argv[1]); tick = os.sysconf("SC_CLK_TCK")
+while True:
+    procs = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                st = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+                cmd = open(f"/proc/{d}/cmdline", "rb").read()
+            except OSError:
+                continue
+            procs[int(d)] = (int(st[1]), (int(st[11]) + int(st[12])) / tick, b"DeviceAgent" in cmd)
+    def under(pid):
+        seen = 0
+        while pid in procs and seen < 64:
+            pid = procs[pid][0]; seen += 1
+            if pid == root:
+                return True
+        return False
+    agents = other = 0.0; n = 0
+    for pid, (_, cpu, is_agent) in procs.items():
+        if pid != root and under(pid):
+            if is_agent:
+                agents += cpu; n += 1
+            else:
+                other += cpu
+    print(json.dumps([time.monotonic_ns(), agents, other, n]), flush=True)
+    time.sleep(0.1)
+"""
+
+
+class ChildCpu:
+    """CPU of the agents and of the rest of Ray (the driver's descendants), from a sampler process."""
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_SAMPLER, str(os.getpid())],
+                                     stdout=subprocess.PIPE, text=True)
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=30)
+        self.samples = [json.loads(line) for line in out.splitlines() if line.startswith("[")]
+
+    def window(self, t0: int, t1: int) -> dict:
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return {"agents_cpu_core_share": None, "ray_other_cpu_core_share": None}
+        a, b = inside[0], inside[-1]
+        dt = (b[0] - a[0]) / 1e9
+        return {"agents_cpu_core_share": round((b[1] - a[1]) / dt, 3),
+                "ray_other_cpu_core_share": round((b[2] - a[2]) / dt, 3), "agents_seen": b[3]}
+
+
 def _pcts(values) -> dict:
     v = [float(x) for x in values if x == x]
     if not v:
@@ -98,7 +157,7 @@ def run(n: int, trials: int, phase_us: int, granularity_us: int) -> dict:
                       offsets=OffsetSpec(plan="uniform", max_fraction=0.8), ping_samples=5,
                       devices=DeviceSelector(sim_per_host=n))
     load_start = os.getloadavg()
-    with tempfile.TemporaryDirectory() as d, CpuSampler() as cpu:
+    with tempfile.TemporaryDirectory() as d, CpuSampler() as cpu, ChildCpu() as children:
         t0 = time.monotonic()
         result = Sweep(cfg, Path(d) / "out", progress=False).run()
         wall = time.monotonic() - t0
@@ -117,7 +176,7 @@ def run(n: int, trials: int, phase_us: int, granularity_us: int) -> dict:
         "exit_code": result.exit_code, "outcomes": {k: int(v) for k, v in df.outcome.value_counts().items()},
         "sweep_wall_s": round(wall, 2), "trial_window_s": round(span_s, 3),
         "trials_per_s": round(len(df) / span_s, 2), "records_per_s": round(len(df) / span_s, 2),
-        **cpu.window(t_first, t_last),
+        **cpu.window(t_first, t_last), **children.window(t_first, t_last),
         "deliver_ms": _pcts(c.deliver_ms), "schedule_lag_ms": _pcts(c.schedule_lag_ms),
         "anchor_hop_ms": _pcts(c.anchor_hop_ms), "gap_between_trials_ms": _pcts(gaps),
         "loadavg_start": [round(x, 2) for x in load_start], "loadavg_end": [round(x, 2) for x in load_end],
