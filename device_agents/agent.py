@@ -27,6 +27,7 @@ from .anchors import AnchorWatch
 CONTROL = "control"
 TRIAL = "trial"
 CONCURRENCY_GROUPS = {TRIAL: 1, CONTROL: 4}
+SIM_BACKEND = "sim"  # device ids sim:0..N-1: simulated devices ([devices] sim_per_host), sim engine only
 
 
 def _sleep_until(deadline_ns: int) -> None:
@@ -47,12 +48,17 @@ class DeviceAgent:
         self.device_id = device_id
         from cancelbench import native
 
-        from .engines.llama_runtime import quiet_logs
         from .probe import probe_host
-        quiet_logs()  # before the device probe initialises ggml's backends
-        devices = self._probe_devices()
+        simulated = device_id.startswith(SIM_BACKEND + ":")  # sim engine only: no llama.cpp in this process
+        if simulated:
+            devices = [{"device_id": device_id, "description": "simulated device (sim engine)"}]
+        else:
+            from .engines.llama_runtime import quiet_logs
+            quiet_logs()  # before the device probe initialises ggml's backends
+            devices = self._probe_devices()
         mine = next((d for d in devices if d.get("device_id") == device_id), None)
-        self.meta = probe_host(device_id, device_name or (mine or {}).get("description"), n_threads)
+        self.meta = probe_host(device_id, device_name or (mine or {}).get("description"), n_threads,
+                               with_llama=not simulated)
         self.meta["device_present"] = mine is not None
         self.meta["devices_seen"] = [d.get("device_id") for d in devices]
         if node_label:

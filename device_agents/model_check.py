@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .engines.registry import engine_spec
+
 MMPROJ_ARCH = "clip"  # every mtmd projector file
 TTS_TALKER_ARCHS = ("qwen3tts",)
 # Architectures that are not a language model of their own.
@@ -83,7 +85,7 @@ def check_metadata(meta: dict, engine: str, role: str, name: str) -> None:
 
 def check_model(path: Path, engine: str, role: str = "model") -> None:
     """Raise :class:`ModelMismatchError` if the GGUF at ``path`` does not fit ``engine`` in ``role``."""
-    if engine == "probe":
+    if not engine_spec(engine).needs_model:  # probe, sim
         return
     check_metadata(gguf_metadata(Path(path)), engine, role, Path(path).name)
 
@@ -96,7 +98,7 @@ def check_workload_files(engine: str, files: dict[str, str | None], driver_sees_
     files (a local sweep); a path is checked if it exists here or the driver
     shares the agents' files. Agents check their own copies before load.
     """
-    if engine == "probe":
+    if not engine_spec(engine).needs_model:  # probe, sim
         return
     for role, spec in files.items():
         if not spec:

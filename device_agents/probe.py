@@ -104,8 +104,10 @@ def git_describe() -> str | None:
     return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
-def probe_host(device_id: str = "cpu:0", device_name: str | None = None, n_threads: int | None = None) -> dict:
-    lcp, build = llama_versions()
+def probe_host(device_id: str = "cpu:0", device_name: str | None = None, n_threads: int | None = None,
+               with_llama: bool = True) -> dict:
+    """Host metadata; ``with_llama=False`` (a simulated device) leaves llama.cpp unloaded and its versions null."""
+    lcp, build = llama_versions() if with_llama else (None, None)
     backend = device_id.split(":", 1)[0]
     return {
         "hostname": socket.gethostname(),
@@ -121,7 +123,7 @@ def probe_host(device_id: str = "cpu:0", device_name: str | None = None, n_threa
         "cancelbench_version": cancelbench_version,
         "cancelbench_git_describe": git_describe(),
         "llama_cpp_commit": None, "ggml_version": None, "ggml_backends": None,
-        **ggml_facts(),
+        **(ggml_facts() if with_llama else {}),
         "os_release": os_release(),
         "kernel_version": platform.release() or None,
         "gpu_driver_version": gpu_driver_version(device_id),

@@ -57,6 +57,7 @@ SIGNATURES: tuple[tuple[str, type | None, tuple[type, ...]], ...] = (
     ("cb_eval_calibrate_flash_attn", ctypes.c_int, (_P, _P, _P)),
     ("cb_node_work", ctypes.c_double, (_P,)),
     ("cb_probe_busy", ctypes.c_int, (_P, _I64, _I64, ctypes.POINTER(_I64), ctypes.POINTER(_I64))),
+    ("cb_sim_wait", _I64, (_P, _I64, _I64, ctypes.POINTER(_I64), ctypes.POINTER(_I64))),
 )
 
 
@@ -285,3 +286,23 @@ def probe_expected_return_ns(start_ns: int, set_ns: int, period_us: int) -> int:
     period_ns = max(1, int(period_us)) * 1000
     k = max(1, -(-(set_ns - start_ns) // period_ns))
     return start_ns + k * period_ns
+
+
+def sim_wait(token: CancelToken | None, duration_us: int, granularity_us: int) -> tuple[int, int, int]:
+    """The sim engine's native wait: sleeps ``duration_us``, checking ``token`` every
+    ``granularity_us`` (None or granularity 0: no check inside the wait). Returns
+    (k, start_ns, end_ns): k >= 1 is the check that found the token set (scheduled at
+    start + k * granularity), 0 a wait that ran to its end. Releases the GIL."""
+    start = ctypes.c_int64(0)
+    end = ctypes.c_int64(0)
+    k = _lib().cb_sim_wait(token.address if token is not None else None, int(duration_us), int(granularity_us),
+                           ctypes.byref(start), ctypes.byref(end))
+    return int(k), start.value, end.value
+
+
+def sim_expected_check(start_ns: int, set_ns: int, granularity_us: int) -> int:
+    """The known answer of a cancelled :func:`sim_wait`: the index k of its first check
+    scheduled at or after ``set_ns``. The wait stops at this check or, when an earlier
+    check woke late (after the set), at that one; never at a later one."""
+    step = max(1, int(granularity_us)) * 1000
+    return max(1, -(-(set_ns - start_ns) // step))

@@ -418,3 +418,44 @@ CB_EXPORT int cb_probe_busy(cb_token *t, int64_t duration_us, int64_t period_us,
     (void)sink;
     return aborted;
 }
+
+/*
+ * Simulated engine: a timed wait instead of compute. Sleeps to start +
+ * k * granularity_us (k = 1, 2, ...) and checks the token there with
+ * cb_token_reader (stamping seen_ns), until duration_us has passed. With no
+ * token or granularity_us <= 0 it sleeps the whole duration unchecked (a native
+ * call no reader reaches). Returns k, the index of the check that stopped it
+ * (>= 1), or 0 if it ran to the end.
+ */
+static void cb_sleep_until(int64_t target_ns) {
+    for (;;) {
+        int64_t left = target_ns - cb_now_ns();
+        if (left <= 0) return;
+        struct timespec ts = {(time_t)(left / 1000000000LL), (long)(left % 1000000000LL)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+CB_EXPORT int64_t cb_sim_wait(cb_token *t, int64_t duration_us, int64_t granularity_us,
+                              int64_t *out_start_ns, int64_t *out_end_ns) {
+    const int64_t start = cb_now_ns();
+    const int64_t end = start + (duration_us > 0 ? duration_us : 0) * 1000LL;
+    int64_t stopped_at = 0;
+    if (!t || granularity_us <= 0) {
+        cb_sleep_until(end);
+    } else {
+        const int64_t step = granularity_us * 1000LL;
+        for (int64_t k = 1;; k++) {
+            int64_t check = start + k * step;
+            cb_sleep_until(check < end ? check : end);
+            if (cb_token_reader(t)) {
+                stopped_at = k;
+                break;
+            }
+            if (check >= end) break;
+        }
+    }
+    if (out_start_ns) *out_start_ns = start;
+    if (out_end_ns) *out_end_ns = cb_now_ns();
+    return stopped_at;
+}

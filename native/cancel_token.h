@@ -171,6 +171,19 @@ CB_EXPORT double cb_node_work(const void *tensor);
 CB_EXPORT int cb_probe_busy(cb_token *t, int64_t duration_us, int64_t period_us,
                             int64_t *out_start_ns, int64_t *out_end_ns);
 
+/* --- simulated engine ------------------------------------------------ */
+
+/* A timed wait instead of compute, for the sim engine: sleeps to start +
+ * k * granularity_us, k = 1, 2, ..., and checks the token there (as
+ * cb_token_reader: counts a poll, stamps seen_ns), until duration_us has
+ * passed (the last check is at the end). t NULL or granularity_us <= 0: sleeps
+ * the whole duration without a check. Returns k, the check that found the
+ * flag set (>= 1; its scheduled time is start + k * granularity_us), or 0 if it
+ * ran to the end; *out_start_ns / *out_end_ns (either may be NULL) get its
+ * start and return times (ns). Blocks the calling thread, any thread. */
+CB_EXPORT int64_t cb_sim_wait(cb_token *t, int64_t duration_us, int64_t granularity_us,
+                              int64_t *out_start_ns, int64_t *out_end_ns);
+
 #ifdef __cplusplus
 }
 #endif

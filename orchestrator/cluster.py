@@ -179,8 +179,10 @@ def discover_slots(selector: DeviceSelector) -> list[DeviceSlot]:
     on that node. Each agent probes its own device again at start, so a label
     that claims a device the build cannot see is caught before any trial.
     """
+    from cancelbench.device_agents.agent import SIM_BACKEND
     from cancelbench.device_agents.backends import backend_env
 
+    sim = selector.sim_per_host
     slots: list[DeviceSlot] = []
     for node in ray.nodes():
         if not node.get("Alive"):
@@ -191,10 +193,18 @@ def discover_slots(selector: DeviceSelector) -> list[DeviceSlot]:
             continue
         if any(labels.get(k) != v for k, v in selector.labels):
             continue
+        if sim:  # simulated devices: no probe, no ggml; one agent per sim:i
+            slots.extend(DeviceSlot(node_id=node["NodeID"], host=host, device_id=f"{SIM_BACKEND}:{i}", labels=labels)
+                         for i in range(sim))
+            continue
         for device_id in _node_devices(node, labels):
             if device_id.split(":", 1)[0] in selector.backends:
                 slots.append(DeviceSlot(node_id=node["NodeID"], host=host, device_id=device_id, labels=labels,
                                         env=backend_env(device_id)))
+    if sim:
+        if not slots:
+            raise ClusterError("devices.sim_per_host: no alive node matches the device selector")
+        return sorted(slots, key=lambda s: (s.host, int(s.device_id.split(":", 1)[1])))
     wanted = set(selector.backends)
     found = {s.backend for s in slots}
     missing = wanted - found

@@ -25,6 +25,9 @@ MAX_DURATION_US = 3_600_000_000  # probe engine: one hour
 MAX_TRIALS_PER_CELL = 100_000
 MAX_REFERENCE_RUNS = 1_000
 MAX_PING_SAMPLES = 10_000
+MAX_SIM_US = 600_000_000  # sim engine: a phase's wait (int32 column), ten minutes
+MAX_SIM_STEPS = 100_000  # sim engine: waits per phase
+MAX_SIM_PER_HOST = 1_024  # simulated devices (one agent process each) per host
 MAX_PLAN_PER_DEVICE = 1_000_000  # planned trials on one device (the plan is built in memory)
 
 
@@ -52,6 +55,9 @@ class WorkloadSpec:
     duration_us: int = 200_000  # probe engine
     period_us: int = 1_000  # probe engine
     graph_slice_us: int | None = None  # graph_eval: eval-reader sync slice (None: engine default; 0: every node)
+    sim_phase_us: int | None = None  # sim engine: each phase's wait time (None: the engine's default)
+    sim_granularity_us: int | None = None  # sim engine: in-wait mechanisms check the token this often
+    sim_steps: int | None = None  # sim engine: native waits in generate (and in chunked prefill)
     extra: dict = field(default_factory=dict)  # engine-specific settings (tts/stt)
 
     def engine_params(self) -> dict:
@@ -68,7 +74,7 @@ class WorkloadSpec:
         """The settings columns the config alone decides; the engine's effective
         values (``describe()`` on the agent, after load) complete them."""
         def file_name(spec: str | None) -> str | None:  # "fixture:name" or a path: the name a reader knows
-            return Path(spec.removeprefix("fixture:")).name if spec and self.engine != "probe" else None
+            return Path(spec.removeprefix("fixture:")).name if spec and ENGINES[self.engine].needs_model else None
 
         return {"workload": self.name, "engine": self.engine, "corpus": self.inputs,
                 "model": file_name(self.model), "mmproj": file_name(self.mmproj)}
@@ -87,6 +93,7 @@ class DeviceSelector:
     backends: tuple[str, ...] = ("cpu",)
     hosts: tuple[str, ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
+    sim_per_host: int = 0  # > 0: each selected host gets this many simulated devices sim:0..N-1 (sim engine only)
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,7 @@ _WORKLOAD_INTS = {
     "duration_us": (1, MAX_DURATION_US), "period_us": (1, MAX_DURATION_US),
     "n_gpu_layers": (-1, MAX_INT32), "n_ctx": (0, MAX_INT32),
     "graph_slice_us": (0, MAX_DURATION_US),  # graph_eval: work per synchronized node range; 0 = every node
+    "sim_phase_us": (1, MAX_SIM_US), "sim_granularity_us": (1, MAX_SIM_US), "sim_steps": (1, MAX_SIM_STEPS),
 }
 
 
@@ -230,7 +238,7 @@ def _workload(raw: dict, i: int) -> WorkloadSpec:
         raise ConfigError(f"{where}: engine {spec.engine} needs 'model' (and 'mmproj')")
     if ENGINES[spec.engine].needs_mmproj and not spec.mmproj:
         raise ConfigError(f"{where}: engine {spec.engine} needs 'mmproj'")
-    if spec.engine != "probe" and not spec.model.startswith("fixture:") and not spec.lock:
+    if ENGINES[spec.engine].needs_model and not spec.model.startswith("fixture:") and not spec.lock:
         raise ConfigError(f"{where}: model {spec.model} needs a 'lock' file (see `cancelbench lock`)")
     return spec
 
@@ -283,16 +291,22 @@ def _offsets(data: dict) -> OffsetSpec:
 
 def _devices(data: dict) -> DeviceSelector:
     dev = _table(data, "devices", "[devices]")
-    if set(dev) - {"backends", "hosts", "labels"}:
-        raise ConfigError(f"[devices]: unknown key(s) {', '.join(sorted(set(dev) - {'backends', 'hosts', 'labels'}))}")
+    known = {"backends", "hosts", "labels", "sim_per_host"}
+    if set(dev) - known:
+        raise ConfigError(f"[devices]: unknown key(s) {', '.join(sorted(set(dev) - known))}")
     labels = dev.get("labels", {})
     if not isinstance(labels, dict):
         raise ConfigError("devices.labels must be a table of label = value")
     hosts = dev.get("hosts", [])
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         raise ConfigError("devices.hosts must be a list of host names")
+    sim_per_host = _int(dev.get("sim_per_host", 0), "devices.sim_per_host", 0, MAX_SIM_PER_HOST)
+    if sim_per_host and "backends" in dev:
+        raise ConfigError("devices.sim_per_host gives each host simulated devices (backend sim); "
+                          "it takes no devices.backends")
     return DeviceSelector(backends=_names(dev.get("backends", ["cpu"]), "devices.backends", BACKENDS),
-                          hosts=tuple(hosts), labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())))
+                          hosts=tuple(hosts), labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+                          sim_per_host=sim_per_host)
 
 
 def parse_config(data: dict) -> SweepConfig:
@@ -309,6 +323,11 @@ def parse_config(data: dict) -> SweepConfig:
     if len(set(names)) != len(names):
         raise ConfigError(f"workload names must be unique, got {names}")
     config = check_plan_size(SweepConfig(offsets=_offsets(data), devices=_devices(data), workloads=workloads, **kw))
+    if config.devices.sim_per_host:
+        real = [w.name for w in config.workloads if not ENGINES[w.engine].simulated]
+        if real:
+            raise ConfigError(f"devices.sim_per_host: simulated devices run only simulated engines; workload(s) "
+                              f"{', '.join(real)} use a real engine")
     for wl in config.workloads:  # before any trial: a cell the engine cannot run is a config error
         lacking = [m for m in config.mechanisms if m not in ENGINES[wl.engine].mechanisms]
         if lacking:
@@ -349,7 +368,7 @@ def thread_warnings(config: SweepConfig, n_cores: int) -> list[str]:
     """One line per workload asking for more llama.cpp threads than the host has cores."""
     return [f"workload {w.name}: n_threads = {w.n_threads} is more than this host's {n_cores} cores; "
             "llama.cpp threads will contend and every trial slows down"
-            for w in config.workloads if w.engine != "probe" and w.n_threads > n_cores]
+            for w in config.workloads if ENGINES[w.engine].needs_model and w.n_threads > n_cores]
 
 
 def load_config(path: Path | None) -> SweepConfig:

@@ -23,6 +23,7 @@ import ray
 
 from cancelbench import sink as sinks
 from cancelbench.datasets.locks import LockError, check_size, load_lock
+from cancelbench.device_agents.engines.registry import ENGINES
 from cancelbench.device_agents.model_check import ModelMismatchError, check_workload_files
 from cancelbench.fileio import write_atomic, write_json_atomic
 from cancelbench.schema import SCHEMA_VERSION
@@ -71,7 +72,7 @@ def workload_payload(wl: WorkloadSpec, driver_sees_files: bool = False) -> dict:
     locks: dict = {}
     for key in ("model", "mmproj"):
         spec = getattr(wl, key)
-        if not spec or wl.engine == "probe":
+        if not spec or not ENGINES[wl.engine].needs_model:
             continue
         if spec.startswith("fixture:"):
             from cancelbench.datasets.fixtures import fixture_lock_entries
@@ -89,7 +90,7 @@ def workload_payload(wl: WorkloadSpec, driver_sees_files: bool = False) -> dict:
         e = entries[path.name]
         locks[path.name] = {"size": e.size, "sha256": e.sha256, "source": e.source}
     payload["locks"] = locks
-    if wl.engine == "probe":
+    if not ENGINES[wl.engine].needs_model:
         payload.pop("model", None)
         payload.pop("mmproj", None)
     return payload
@@ -140,7 +141,8 @@ class Sweep:
     def _validate(self) -> tuple[dict, dict, dict]:
         inputs = {}
         for wl in self.config.workloads:
-            items = load_inputs(wl) if wl.engine != "probe" else [{"id": "busy", "text": ""}]
+            items = (load_inputs(wl) if ENGINES[wl.engine].needs_model else  # probe, sim: one synthetic input
+                     [{"id": "busy" if wl.engine == "probe" else wl.engine, "text": ""}])
             inputs[wl.name] = {str(it["id"]): it for it in items}
         try:
             local = not (self.address or os.environ.get("RAY_ADDRESS"))

@@ -24,6 +24,15 @@ def load_defects(dirs: list[str | Path], filters: Filters) -> pd.DataFrame:
     return defects_table(scan_table(dirs, DEFECT_COLUMNS, f).to_pandas())
 
 
+def simulated_engines(dirs: list[str | Path], filters: Filters) -> list[str]:
+    """Engines among the filtered records that the registry marks as simulated (one narrow scan)."""
+    from cancelbench.device_agents.engines.registry import ENGINES
+
+    table = scan_table(dirs, ["engine"], filters)
+    names = {str(e) for e in table.column("engine").unique().to_pylist() if e is not None}
+    return sorted(n for n in names if n in ENGINES and ENGINES[n].simulated)
+
+
 def build_report(dirs: list[str | Path], spec: ReportSpec = ReportSpec(), filters: Filters = Filters(),
                  engine: str = "pandas", with_samples: bool = False) -> Report:
     """``with_samples``: also keep the plots' latency samples (``Report.samples``), from the same scan."""
@@ -33,6 +42,7 @@ def build_report(dirs: list[str | Path], spec: ReportSpec = ReportSpec(), filter
 
         report = build_report_ray(dirs, spec, filters)
         report.samples = load_plot_samples(dirs, filters) if with_samples else None
+        report.simulated = simulated_engines(dirs, filters)
         return report
     if engine != "pandas":
         raise ValueError(f"unknown engine {engine!r}")
@@ -44,7 +54,7 @@ def build_report(dirs: list[str | Path], spec: ReportSpec = ReportSpec(), filter
         spec=spec, dirs=loaded.dirs, cells=aggregate_cells(frame, spec),
         pooled=aggregate_cells(frame, spec, pool_phases=True), hops=aggregate_hops(frame),
         devices=device_infos(frame), defects=load_defects(dirs, filters), n_records=len(frame),
-        samples=loaded.samples,
+        samples=loaded.samples, simulated=simulated_engines(dirs, filters),
     )
     attach_builds(report, dirs, filters)
     return report

@@ -161,6 +161,7 @@ def report_dict(report: Report) -> dict:
         "exit_code": report.exit_code,
         "datasets": report.dirs,
         "n_records": report.n_records,
+        "simulated_engines": report.simulated,  # non-empty: rows of engines that wait instead of compute
         "bound": {
             "default_ms": spec.bound.default_ms,
             "overrides": [{"workload": w, "phase": p, "ms": ms} for w, p, ms in spec.bound.overrides],

@@ -167,7 +167,14 @@ def verdict_line(report: Report) -> str:
 
 
 def headline(report: Report) -> str:
-    return f"{verdict_line(report)} - {report.n_records} cancel records from {len(report.dirs)} dataset(s)"
+    line = f"{verdict_line(report)} - {report.n_records} cancel records from {len(report.dirs)} dataset(s)"
+    return line + (f" - {simulation_note(report)}" if report.simulated else "")
+
+
+def simulation_note(report: Report) -> str:
+    """Said wherever a report with simulated rows is shown (the headline carries it)."""
+    return (f"SIMULATED engine(s) {', '.join(report.simulated)}: their rows wait instead of compute "
+            "(scale and harness measurements, not engine latency)")
 
 
 def defects_section(report: Report, max_defects: int) -> Section:

@@ -360,6 +360,7 @@ class Report:
     defects: pd.DataFrame
     n_records: int
     samples: pd.DataFrame | None = None  # latency samples for the plots, when built with them
+    simulated: list[str] = field(default_factory=list)  # simulated engines among the records (registry flag)
 
     @property
     def over(self) -> list[CellStats]:

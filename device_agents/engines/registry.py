@@ -57,6 +57,7 @@ class EngineSpec:
     step_calls: frozenset[str] = frozenset()
     needs_mmproj: bool = False  # the workload must name a multimodal projector (and a real model)
     simulated: bool = False  # reports mark a simulated engine as such
+    needs_model: bool = True  # False: no model file, no lock, no corpus (probe, sim)
     # Phases that make step calls, the ones an anchored plan (phase, progress) aims at:
     # a phase without a native call has nothing for a cancel to land in. None: every phase.
     step_phases: tuple[str, ...] | None = None
@@ -82,7 +83,11 @@ ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
                ".stt:SttEngine", step_calls=frozenset({"mtmd_tokenize", "llama_process", "mtmd_encode_chunk"}),
                needs_mmproj=True),
     # The probe polls the native token whatever the mechanism: it calibrates the harness.
-    EngineSpec("probe", ("busy",), MECHANISM_NAMES, ".text:ProbeEngine", step_calls=frozenset({"cb_probe_busy"})),
+    EngineSpec("probe", ("busy",), MECHANISM_NAMES, ".text:ProbeEngine", step_calls=frozenset({"cb_probe_busy"}),
+               needs_model=False),
+    # Waits instead of compute (native/cancel_token.c cb_sim_wait): scale work and a known answer.
+    EngineSpec("sim", ("prefill", "generate"), MECHANISM_NAMES, ".sim:SimEngine", simulated=True,
+               step_calls=frozenset({"cb_sim_wait"}), needs_model=False),
 )}
 
 

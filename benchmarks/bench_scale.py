@@ -1,0 +1,229 @@
+"""How many devices one driver holds: N simulated devices (``[devices] sim_per_host``)
+on the local Ray (127.0.0.1), the sim engine (phases that wait, no CPU), driver-
+delivered cancels.
+
+Per N: driver CPU (process CPU time of this process, which is the driver, over the
+trial window) as a share of one core, the agents' CPU and the rest of Ray's (the
+driver's descendant processes, sampled from a separate process), driver RSS, records/s into the dataset, trial
+throughput, and from the records ``deliver_ms`` (driver -> agent cancel hop) and
+``schedule_lag_ms`` (how late the driver fired) p50/p99, plus the idle gap an agent
+waits between one trial's end and its next hand-back (the driver's per-trial
+overhead). Machine facts (nproc, load average at start and end of each run) go
+with the numbers: this machine is shared and noisy.
+
+The trial window is taken from the records (first hand-back to last terminal,
+one CLOCK_MONOTONIC on this host), so agent start-up is not counted as trials.
+
+    python benchmarks/bench_scale.py [--devices 1 8 32 64] [--trials 4] [--label before]
+        [--phase-us 20000] [--out benchmarks/results/scale.json]
+
+A run is appended under its ``--label`` (e.g. before / after a driver change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+
+from cancelbench.reports.stats import percentile  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class CpuSampler:
+    """Process CPU time (all driver threads, Ray's core worker included) against
+    CLOCK_MONOTONIC, so the share over any window can be read afterwards."""
+
+    def __init__(self, period_s: float = 0.1) -> None:
+        self.samples: list[tuple[int, float, float]] = []  # (monotonic ns, cpu s, rss MB)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(period_s,), daemon=True)
+
+    def _loop(self, period_s: float) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic_ns(), time.process_time(), _rss_mb()))
+            self._stop.wait(period_s)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.samples.append((time.monotonic_ns(), time.process_time(), _rss_mb()))
+
+    def window(self, t0: int, t1: int) -> dict:
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return {"cpu_core_share": None, "rss_mb_max": None}
+        (a, ca, _), (b, cb, _) = inside[0], inside[-1]
+        return {"cpu_core_share": round((cb - ca) / ((b - a) / 1e9), 4),
+                "rss_mb_max": round(max(s[2] for s in inside), 1)}
+
+
+# Runs in its own process (so it costs the driver nothing): every 0.1 s, the CPU time
+# (utime+stime, s) of the driver's descendants: the agents (DeviceAgent) and the rest
+# of this Ray (gcs, raylet, dashboard, idle workers). One JSON line per sample.
+_CHILD_SAMPLER = r"""
+import json, os, sys, time
+root = int(sys.argv[1]); tick = os.sysconf("SC_CLK_TCK")
+while True:
+    procs = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                st = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+                cmd = open(f"/proc/{d}/cmdline", "rb").read()
+            except OSError:
+                continue
+            procs[int(d)] = (int(st[1]), (int(st[11]) + int(st[12])) / tick, b"DeviceAgent" in cmd)
+    def under(pid):
+        seen = 0
+        while pid in procs and seen < 64:
+            pid = procs[pid][0]; seen += 1
+            if pid == root:
+                return True
+        return False
+    agents = other = 0.0; n = 0
+    for pid, (_, cpu, is_agent) in procs.items():
+        if pid != root and under(pid):
+            if is_agent:
+                agents += cpu; n += 1
+            else:
+                other += cpu
+    print(json.dumps([time.monotonic_ns(), agents, other, n]), flush=True)
+    time.sleep(0.1)
+"""
+
+
+class ChildCpu:
+    """CPU of the agents and of the rest of Ray (the driver's descendants), from a sampler process."""
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_SAMPLER, str(os.getpid())],
+                                     stdout=subprocess.PIPE, text=True)
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=30)
+        self.samples = [json.loads(line) for line in out.splitlines() if line.startswith("[")]
+
+    def window(self, t0: int, t1: int) -> dict:
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return {"agents_cpu_core_share": None, "ray_other_cpu_core_share": None}
+        a, b = inside[0], inside[-1]
+        dt = (b[0] - a[0]) / 1e9
+        return {"agents_cpu_core_share": round((b[1] - a[1]) / dt, 3),
+                "ray_other_cpu_core_share": round((b[2] - a[2]) / dt, 3), "agents_seen": b[3]}
+
+
+def _pcts(values) -> dict:
+    v = [float(x) for x in values if x == x]
+    if not v:
+        return {"n": 0, "p50": None, "p99": None, "max": None}
+    return {"n": len(v), "p50": round(percentile(v, 0.5), 3), "p99": round(percentile(v, 0.99), 3),
+            "max": round(max(v), 3)}
+
+
+def run(n: int, trials: int, phase_us: int, granularity_us: int) -> dict:
+    from cancelbench.orchestrator.config import DeviceSelector, OffsetSpec, SweepConfig, WorkloadSpec
+    from cancelbench.orchestrator.runner import Sweep
+    from cancelbench.sink import read_records
+
+    wl = WorkloadSpec(name="sim", engine="sim", sim_phase_us=phase_us, sim_granularity_us=granularity_us,
+                      sim_steps=4)
+    cfg = SweepConfig(seed=1, trials_per_cell=trials, reference_runs=3, workloads=(wl,),
+                      mechanisms=("abort_callback",), deliveries=("driver",),
+                      offsets=OffsetSpec(plan="uniform", max_fraction=0.8), ping_samples=5,
+                      devices=DeviceSelector(sim_per_host=n))
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as d, CpuSampler() as cpu, ChildCpu() as children:
+        t0 = time.monotonic()
+        result = Sweep(cfg, Path(d) / "out", progress=False).run()
+        wall = time.monotonic() - t0
+        df = read_records(Path(d) / "out")
+    load_end = os.getloadavg()
+    t_first, t_last = int(df.t_handback_ns.min()), int(df.t_terminal_ns.max())
+    span_s = (t_last - t_first) / 1e9
+    gaps = []
+    for _, g in df.sort_values("t_handback_ns").groupby("device"):
+        h, t = g.t_handback_ns.to_numpy(), g.t_terminal_ns.to_numpy()
+        gaps.extend(((h[1:] - t[:-1]) / 1e6).tolist())
+    c = df[df.trial_kind == "cancel"]
+    planned = n * (3 + trials)
+    return {
+        "devices": n, "planned": planned, "written": int(len(df)), "unique_trials": int(df.trial_id.nunique()),
+        "exit_code": result.exit_code, "outcomes": {k: int(v) for k, v in df.outcome.value_counts().items()},
+        "sweep_wall_s": round(wall, 2), "trial_window_s": round(span_s, 3),
+        "trials_per_s": round(len(df) / span_s, 2), "records_per_s": round(len(df) / span_s, 2),
+        **cpu.window(t_first, t_last), **children.window(t_first, t_last),
+        "deliver_ms": _pcts(c.deliver_ms), "schedule_lag_ms": _pcts(c.schedule_lag_ms),
+        "anchor_hop_ms": _pcts(c.anchor_hop_ms), "gap_between_trials_ms": _pcts(gaps),
+        "loadavg_start": [round(x, 2) for x in load_start], "loadavg_end": [round(x, 2) for x in load_end],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--devices", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--trials", type=int, default=20, help="driver-delivered cancels per device (plus 3 references)")
+    ap.add_argument("--phase-us", type=int, default=20_000)
+    ap.add_argument("--granularity-us", type=int, default=1_000)
+    ap.add_argument("--label", default="run")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.json")
+    args = ap.parse_args()
+
+    import ray
+
+    from cancelbench.orchestrator import cluster
+
+    cluster.connect(None)
+    runs = []
+    try:
+        for n in args.devices:
+            r = run(n, args.trials, args.phase_us, args.granularity_us)
+            print(json.dumps(r), file=sys.stderr, flush=True)
+            runs.append(r)
+    finally:
+        ray.shutdown()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    entry = {"label": args.label, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": commit,
+             "nproc": os.cpu_count(), "mem_total_gb": round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+                                                            / 2**30, 1),
+             "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+             "sim_phase_us": args.phase_us, "sim_granularity_us": args.granularity_us,
+             "trials_per_device": 3 + args.trials, "runs": runs}
+    data = json.loads(args.out.read_text()) if args.out.exists() else {
+        "benchmark": "bench_scale", "engine": "sim (simulated: waits, not compute)",
+        "note": "one local Ray on 127.0.0.1; N agents on this host; driver delivery; numbers under the stated load",
+        "entries": []}
+    data["entries"].append(entry)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    print(json.dumps(entry, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
