@@ -127,8 +127,9 @@ class DeviceAgent:
         with self._lock:
             cur = self._current
             if cur is not None and cur[0] == trial_id:
-                cur[1].request(received_ns)
-                return {"state": "active", "received_ns": received_ns, "phase": cur[1].progress.phase}
+                if cur[1].request(received_ns) or cur[1].requested:
+                    return {"state": "active", "received_ns": received_ns, "phase": cur[1].progress.phase}
+                return {"state": "finished", "received_ns": received_ns}  # the engine had already ended
             if trial_id in self._finished:
                 return {"state": "finished", "received_ns": received_ns}
             # Not started yet: latch it, never drop it (the race that cost a whole synthesis).

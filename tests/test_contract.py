@@ -171,3 +171,25 @@ def test_a_schema_1_dataset_still_reads_and_diffs_against_a_schema_2_one(tmp_pat
     assert len(frame) == 40 and frame.graph_slice_us.isna().all() and frame.latency_ms.notna().all()
     result = run_diff([old], [new], DiffSpec())
     assert result.cells and all(c.verdict != "regressed" for c in result.cells)
+
+
+def test_a_cancel_after_the_engines_terminal_decision_is_refused_not_dropped():
+    """The terminal decision and a cancel's receipt are atomic (CancelControl.close):
+    a cancel that comes after the engine decided it completed is not recorded as received
+    before the terminal state, so the outcome rule cannot call it dropped."""
+    from cancelbench import native
+    from cancelbench.device_agents.engines.base import CancelControl, Progress
+    from cancelbench.schema import TrialRecord, finalize
+
+    ctl = CancelControl(native.CancelToken(), Progress())
+    received_before = native.now_ns()  # stamped on entry to cancel(), before the lock
+    requested, t_terminal = ctl.close()
+    assert not requested and received_before < t_terminal
+    assert ctl.request(received_before) is False and ctl.received_ns is None and not ctl.token.is_set()
+    row = finalize(TrialRecord(outcome="completed", t_terminal_ns=t_terminal, t_received_ns=ctl.received_ns))
+    assert row["outcome"] == "completed"
+    # before the decision, the same cancel is honoured
+    ctl = CancelControl(native.CancelToken(), Progress())
+    assert ctl.request(native.now_ns()) is True
+    requested, t_terminal = ctl.close()
+    assert requested and ctl.received_ns <= t_terminal

@@ -109,11 +109,14 @@ class CancelControl:
         # inside each step call, so the step is longer and still in flight. None in real runs.
         self.step_delay: Callable[[int], None] | None = None  # (the step call's start, agent ns)
         self._in_flight_at_receipt = False
+        self._closed = False
 
     def request(self, received_ns: int) -> bool:
-        """Record the cancel and set both flags. Returns False if already requested."""
+        """Record the cancel and set both flags. Returns False if already requested, or
+        if the engine has already reached its terminal state (:meth:`close`): a cancel
+        that comes after the engine's last decision is not this trial's."""
         with self._lock:
-            if self.requested:
+            if self.requested or self._closed:
                 return False
             self.received_ns = received_ns
             self.at_receipt = self.progress.snapshot()
@@ -123,6 +126,15 @@ class CancelControl:
             self.requested = True
             self.token.set()
             return True
+
+    def close(self) -> tuple[bool, int]:
+        """The engine's terminal decision, atomic with :meth:`request`: (whether a cancel
+        was received, the terminal time). A cancel received before it is honoured; one
+        after it is refused, so no record can say "received before the terminal state"
+        of a cancel the engine never had a chance to see (a false *dropped*)."""
+        with self._lock:
+            self._closed = True
+            return self.requested, native.now_ns()
 
     def adopt_token(self, token: native.CancelToken) -> None:
         """Make ``token`` this trial's native token (a hook bound to one token at
@@ -241,9 +253,9 @@ def finish_trial(ctl: CancelControl, clock: PhaseClock, *, stopped: bool, t_star
                  output_sha256: str | None) -> EngineResult:
     """The engine's terminal state. A cancel that landed during the last native
     call is honoured too: the caller gets "cancelled", never a result it asked to stop."""
-    stopped = stopped or ctl.requested
+    requested, t_terminal = ctl.close()
+    stopped = stopped or requested
     phase_at_terminal = ctl.progress.phase
-    t_terminal = native.now_ns()
     durations = clock.close()
     return EngineResult(
         outcome="cancelled" if stopped else "completed",

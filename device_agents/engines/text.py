@@ -193,9 +193,9 @@ class ProbeEngine:
         if not aborted:
             with ctl.native_call("cb_probe_busy"):
                 aborted, probe_start, probe_end = native.probe_busy(ctl.token, self.duration_us, self.period_us)
-        stopped = aborted or ctl.requested
+        requested, t_terminal = ctl.close()
+        stopped = aborted or requested
         phase = ctl.progress.phase
-        t_terminal = native.now_ns()
         result = EngineResult(outcome="cancelled" if stopped else "completed", t_start_ns=t_start,
                               t_terminal_ns=t_terminal, phase_at_terminal=phase, decode_rc=int(aborted),
                               phase_durations_ms=clock.close(), phase_segments=clock.segments,
