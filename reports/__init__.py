@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from .load import DEFECT_OUTCOMES, Filters, TABLE_COLUMNS, load_frame, scan_table
+from .targeting import load_targeting
 from .tables import (DEFECT_COLUMNS, Report, ReportSpec, aggregate_cells, aggregate_hops, defects_table,
                      device_infos)
 
@@ -34,15 +35,17 @@ def simulated_engines(dirs: list[str | Path], filters: Filters) -> list[str]:
 
 
 def build_report(dirs: list[str | Path], spec: ReportSpec = ReportSpec(), filters: Filters = Filters(),
-                 engine: str = "pandas", with_samples: bool = False) -> Report:
-    """``with_samples``: also keep the plots' latency samples (``Report.samples``), from the same scan."""
+                 engine: str = "pandas", with_samples: bool = False, address: str | None = None) -> Report:
+    """``with_samples``: also keep the plots' latency samples (``Report.samples``), from the same scan.
+    ``address``: the Ray cluster of ``engine="ray"`` (default: RAY_ADDRESS, else a local Ray)."""
     if engine == "ray":
         from .load import load_plot_samples
         from .raydata import build_report_ray
 
-        report = build_report_ray(dirs, spec, filters)
+        report = build_report_ray(dirs, spec, filters, address=address)
         report.samples = load_plot_samples(dirs, filters) if with_samples else None
         report.simulated = simulated_engines(dirs, filters)
+        report.targeting = load_targeting(dirs, filters)
         return report
     if engine != "pandas":
         raise ValueError(f"unknown engine {engine!r}")
@@ -54,7 +57,7 @@ def build_report(dirs: list[str | Path], spec: ReportSpec = ReportSpec(), filter
         spec=spec, dirs=loaded.dirs, cells=aggregate_cells(frame, spec),
         pooled=aggregate_cells(frame, spec, pool_phases=True), hops=aggregate_hops(frame),
         devices=device_infos(frame), defects=load_defects(dirs, filters), n_records=len(frame),
-        samples=loaded.samples, simulated=simulated_engines(dirs, filters),
+        samples=loaded.samples, simulated=simulated_engines(dirs, filters), targeting=load_targeting(dirs, filters),
     )
     attach_builds(report, dirs, filters)
     return report

@@ -103,14 +103,9 @@ def run_report(args: argparse.Namespace) -> int:
         spec = ReportSpec(bound=_bound_spec(args), bound_percentile=args.bound_percentile, confidence=args.confidence)
         filters = _filters(args)
         html = args.format == "html" or bool(args.html)
-        if args.engine == "ray":
-            from .load import load_plot_samples
-            from .raydata import build_report_ray
-
-            report = build_report_ray(args.dirs, spec, filters, address=args.ray_address)
-            report.samples = load_plot_samples(args.dirs, filters) if html else None
-        else:
-            report = build_report(args.dirs, spec, filters, with_samples=html)  # one scan for tables and plots
+        # pandas: one scan for the tables and the plots
+        report = build_report(args.dirs, spec, filters, engine=args.engine, with_samples=html,
+                              address=args.ray_address)
         from .github import append_step_summary, report_annotations
         from .junit import report_to_junit
 

@@ -168,6 +168,9 @@ def verdict_line(report: Report) -> str:
 
 def headline(report: Report) -> str:
     line = f"{verdict_line(report)} - {report.n_records} cancel records from {len(report.dirs)} dataset(s)"
+    missed = sum(1 for t in report.targeting if t.missed)
+    if missed:
+        line += f" - {missed} cell(s) missed their target phase (see Targeting)"
     return line + (f" - {simulation_note(report)}" if report.simulated else "")
 
 
@@ -228,6 +231,9 @@ def builds_section(devices) -> Section:
 
 def sections(report: Report, max_defects: int = 50) -> list[Section]:
     """Headline tables first: the comparison, then what failed, then detail."""
+    from .targeting import targeting_section
+
     return [*comparison_sections(report), defects_section(report, max_defects), over_section(report),
-            detail_section(report), hops_section(report), devices_section(report),
+            detail_section(report), *(t for t in [targeting_section(report.targeting)] if t),
+            hops_section(report), devices_section(report),
             *(b for b in [builds_section(report.devices)] if b.rows)]  # older datasets: no build facts

@@ -361,6 +361,7 @@ class Report:
     n_records: int
     samples: pd.DataFrame | None = None  # latency samples for the plots, when built with them
     simulated: list[str] = field(default_factory=list)  # simulated engines among the records (registry flag)
+    targeting: list = field(default_factory=list)  # targeting.Targeting per cell: did cancels land as planned
 
     @property
     def over(self) -> list[CellStats]:

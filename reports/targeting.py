@@ -54,18 +54,24 @@ def load_targeting(dirs: list[str | Path], filters: Filters = Filters()) -> list
 
 
 def targeting_section(rows: list[Targeting]) -> Section | None:
-    if not rows:
+    """The cells whose plan aims at a phase (phase, progress, phase_time); the others
+    (time plans) are summed up in the note by their in-flight share."""
+    aimed = [r for r in rows if r.in_phase is not None]
+    if not aimed:
         return None
-    missed = [r for r in rows if r.missed]
+    missed = [r for r in aimed if r.missed]
+    others = [r for r in rows if r.in_phase is None]
+    n_others = sum(r.n for r in others)
     note = (f"share of cancel trials received in their target phase and inside a native call; "
-            f"a phase-aiming cell under {TARGET_SHARE:.0%} is marked MISSED"
-            + (f" ({len(missed)} cell(s))" if missed else ""))
+            f"a cell under {TARGET_SHARE:.0%} is marked MISSED" + (f" ({len(missed)} cell(s))" if missed else "")
+            + (f"; cells of time plans: {sum(r.in_flight * r.n for r in others) / n_others:.0%} of "
+               f"{n_others} cancels in flight" if n_others else ""))
     return Section(
         "Targeting", note,
         ["workload", "device", "mechanism", "delivery", "plan", "n", "in target phase", "in flight", ""],
         [[r.workload, r.device_key, r.mechanism, r.delivery, r.offset_plan, str(r.n),
           "–" if r.in_phase is None else f"{r.in_phase:.0%}", f"{r.in_flight:.0%}", "MISSED" if r.missed else ""]
-         for r in rows],
+         for r in aimed],
         key_columns=5, sid="targeting")
 
 

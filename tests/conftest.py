@@ -52,6 +52,9 @@ MARKS_BY_TEST = {
     "test_sweep_interrupt.py": {"cluster"},  # `cancelbench sweep` subprocesses
     "test_sweep_failures.py": {"cluster"},  # `cancelbench sweep` subprocesses
     "test_harness.py": {"cluster"},  # benchmarks/harness.py runs a sweep in process
+    "test_clean_stdout.py": {"cluster"},  # a real CLI sweep, then reports (also --engine ray)
+    "test_trend.py": {"cluster"},  # five real sweeps
+    "test_ci_doc.py::test_the_recipe_runs_here": {"cluster"},  # the recipe's sweep, twice
     "test_anchors.py::test_event_anchored_cancels_land_in_their_target_phase_under_variance": {"cluster"},
     "test_contract.py::test_diff_of_sweeps_differing_only_in_graph_slice_says_so": {"cluster"},  # two sweeps
     "test_multihost.py::test_local_ray_listens_on_loopback_only": {"cluster"},
