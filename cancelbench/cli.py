@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     from cancelbench.reports.cli import add_diff_parser, add_report_parser
     add_report_parser(sub)
     add_diff_parser(sub)
-    from cancelbench.reports.trend import add_trend_parser
+    from cancelbench.reports.trend_render import add_trend_parser
     add_trend_parser(sub)
 
     from cancelbench.orchestrator.agents_cmd import add_agents_parser

@@ -38,13 +38,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cancelbench.schema import SETTINGS_COLUMNS
 from cancelbench.sink import DatasetError
 
 from . import stats
 from .format import MARKDOWN_LIMIT, jsonable, markdown_document, md_safe, render_terminal_table, term_safe
 from .sections import Section, fmt_ms
-from .load import TABLE_COLUMNS, Filters, load_frame, scan_table
+from .settings import check_settings
+from .load import TABLE_COLUMNS, Filters, load_frame
 from .tables import ROW_KEYS, BoundSpec, ReportSpec, summarize_cell_arrays
 
 
@@ -227,56 +227,6 @@ def parse_class_map(pairs: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-# Settings that identify a cell rather than shape it (the cell key holds them).
-_KEY_SETTINGS = ("workload",)
-_CLASS_COLUMNS = ["platform", "arch", "backend", "device_name"]
-
-
-def _settings_by_cell(dirs: list[str | Path], filters: Filters, class_map: dict[str, str]) -> dict[tuple, dict]:
-    """(workload, mechanism, delivery, device class) -> settings column -> the set of
-    non-null values its cancel trials carried."""
-    cols = [c for c in SETTINGS_COLUMNS if c not in _KEY_SETTINGS]
-    frame = scan_table(dirs, ["workload", "mechanism", "delivery", *_CLASS_COLUMNS, *cols], filters).to_pandas()
-    cls = frame[_CLASS_COLUMNS].astype(str).agg("/".join, axis=1).map(lambda c: class_map.get(c, c))
-    out: dict[tuple, dict] = {}
-    for key, g in frame.assign(device_class=cls).groupby(["workload", "mechanism", "delivery", "device_class"]):
-        out[tuple(map(str, key))] = {c: frozenset(map(str, g[c].dropna().unique())) for c in cols}
-    return out
-
-
-def settings_differences(baseline: list[str | Path], candidate: list[str | Path], spec: DiffSpec,
-                         filters: Filters) -> dict[str, tuple[set, set]]:
-    """Settings columns whose values differ between cells both sides have:
-    column -> (baseline values, candidate values). Ignored columns are left out."""
-    base = _settings_by_cell(baseline, filters, dict(spec.class_map))
-    cand = _settings_by_cell(candidate, filters, {})
-    diffs: dict[str, tuple[set, set]] = {}
-    for key in base.keys() & cand.keys():
-        for col, bvals in base[key].items():
-            cvals = cand[key][col]
-            if col in spec.ignore_settings or not bvals or not cvals or bvals == cvals:
-                continue
-            b, c = diffs.setdefault(col, (set(), set()))
-            b.update(bvals)
-            c.update(cvals)
-    return diffs
-
-
-def check_settings(baseline: list[str | Path], candidate: list[str | Path], spec: DiffSpec,
-                   filters: Filters) -> None:
-    """Refuse to compare cells whose settings differ (they are different experiments)."""
-    unknown = [s for s in spec.ignore_settings if s not in SETTINGS_COLUMNS]
-    if unknown:
-        raise DiffInputError(f"--ignore-setting {unknown[0]!r} is not a settings column "
-                             f"(settings: {', '.join(SETTINGS_COLUMNS)})")
-    diffs = settings_differences(baseline, candidate, spec, filters)
-    if diffs:
-        said = "; ".join(f"{col}: {', '.join(sorted(b))} -> {', '.join(sorted(c))}"
-                         for col, (b, c) in sorted(diffs.items()))
-        raise DiffInputError(f"the sweeps differ in settings, so their cells are different experiments: {said}; "
-                             f"pass {' '.join(f'--ignore-setting {c}' for c in sorted(diffs))} to compare anyway")
-
-
 def run_diff(baseline: list[str | Path], candidate: list[str | Path], spec: DiffSpec = DiffSpec(),
              filters: Filters = Filters()) -> DiffResult:
     rspec = spec.report_spec()
@@ -291,7 +241,7 @@ def run_diff(baseline: list[str | Path], candidate: list[str | Path], spec: Diff
         raise DiffInputError(
             f"no common device class: baseline has {sorted(base_classes)}, candidate has {sorted(cand_classes)}; "
             "pass --map-class BASELINE_CLASS=CANDIDATE_CLASS to compare across classes")
-    check_settings(baseline, candidate, spec, filters)
+    check_settings(baseline, candidate, spec.ignore_settings, dict(spec.class_map), filters)
     reverse = {c: b for b, c in spec.class_map}
     cells = []
     for key in sorted(set(base) | set(cand)):

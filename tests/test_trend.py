@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cancelbench.cli import main as cli_main  # noqa: E402
 from cancelbench.orchestrator.config import OffsetSpec, SweepConfig, WorkloadSpec  # noqa: E402
 from cancelbench.orchestrator.runner import run_sweep  # noqa: E402
-from cancelbench.reports.trend import TrendSpec, run_trend, shown_cells  # noqa: E402
+from cancelbench.reports.trend import TrendSpec, run_trend  # noqa: E402
+from cancelbench.reports.trend_render import shown_cells  # noqa: E402
 
 PROMPT_TOKENS = (32, 32, 32, 768, 768)
 MECHANISMS = ("between_calls",)

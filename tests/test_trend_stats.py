@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report_fixtures import cell_rows, write_dataset  # noqa: E402
 
 from cancelbench.cli import main as cli_main  # noqa: E402
-from cancelbench.reports.trend import (TrendInputError, TrendSpec, _exact_u_cdf_counts, holm,  # noqa: E402
-                                       mann_whitney_u, natural_key, run_trend)
+from cancelbench.reports.trend import TrendInputError, TrendSpec, natural_key, run_trend  # noqa: E402
+from cancelbench.reports.trend_stats import _exact_u_cdf_counts, holm, mann_whitney_u  # noqa: E402
 
 
 def test_exact_u_distribution_is_the_counting_one():
@@ -133,7 +133,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_trend_page_escapes_data(tmp_path):
-    from cancelbench.reports.trend import trend_to_html
+    from cancelbench.reports.trend_render import trend_to_html
 
     hostile = '<script>alert(1)</script>"$\\frac{1}{0}$'
     dirs = []
