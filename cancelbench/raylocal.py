@@ -7,6 +7,7 @@ engine, which must not import the driver. Nothing here runs at import.
 from __future__ import annotations
 
 import os
+import tempfile
 from contextlib import contextmanager
 
 LOOPBACK = ("127.0.0.1", "localhost")
@@ -45,10 +46,30 @@ def loopback_node_ip():
         services.resolve_ip_for_localhost = original
 
 
+def private_temp_dir() -> str:
+    """A new mode-0700 directory for a local Ray's session (sockets, logs, spilled objects).
+
+    Ray's default ``/tmp/ray`` session and socket directories are mode 0777:
+    any local user can reach its Unix sockets. Under a 0700 parent only this
+    user (and root) can. Kept short: Unix socket paths are limited to 107 bytes.
+    """
+    base = tempfile.gettempdir()
+    if len(base) > 40 or not os.access(base, os.W_OK):
+        base = "/tmp"
+    return tempfile.mkdtemp(prefix="cancelbench-ray-", dir=base)  # mkdtemp: mode 0700
+
+
 def start_local(**init_kwargs) -> None:
-    """A new local Ray (never another session's cluster), on 127.0.0.1, token auth on."""
+    """A new local Ray (never another session's cluster), on 127.0.0.1, token auth on, in a
+    private 0700 temp dir, with a watchdog that ends it if this process dies without doing so."""
     import ray
 
+    from cancelbench import signals, watchdog
+
     use_auth_mode("token")
+    temp_dir = init_kwargs.pop("_temp_dir", None) or private_temp_dir()
     with loopback_node_ip():
-        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, **init_kwargs)
+        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=temp_dir,
+                 **init_kwargs)
+    watchdog.start(temp_dir)
+    signals.reassert()  # ray.init put its C++ SIGTERM handler in place of ours

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cancelbench.datasets.paths import DATASETS_DIR
+from cancelbench.inputs import (MAX_CONFIG_BYTES, MAX_CORPUS_BYTES, expect_choice, expect_name, load_toml, read_text,
+                                safe_component)
 from cancelbench.device_agents.engines.registry import ENGINES, MECHANISMS
 from cancelbench.schema import DELIVERIES
 
@@ -29,7 +30,10 @@ MAX_DURATION_US = 3_600_000_000  # probe engine: one hour
 MAX_TRIALS_PER_CELL = 100_000
 MAX_REFERENCE_RUNS = 1_000
 MAX_PING_SAMPLES = 10_000
-MAX_PLAN_PER_DEVICE = 1_000_000  # planned trials on one device (the plan is built in memory)
+# Planned trials in one sweep, all devices together (the plan is built in the driver's memory before
+# the first trial; benchmarks/results/plan_scale.json has its measured cost). Checked per device at
+# config load (a lower bound) and for the whole sweep once the devices are known.
+MAX_PLAN_TRIALS = 1_000_000
 
 
 class ConfigError(ValueError):
@@ -169,11 +173,10 @@ def _workload(raw: dict, i: int) -> WorkloadSpec:
     unknown = set(raw) - _WORKLOAD_KEYS - _SPEECH_EXTRA
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
-    if "name" not in raw or not isinstance(raw["name"], str) or not raw["name"].strip():
+    if "name" not in raw:
         raise ConfigError(f"{where}: 'name' is required")
-    engine = raw.get("engine", "text")
-    if engine not in ENGINES:
-        raise ConfigError(f"{where}: unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    expect_name(raw["name"], f"{where}.name", ConfigError)  # bounded: it becomes trial ids and file names
+    expect_choice(raw.get("engine", "text"), f"{where}.engine", tuple(ENGINES), ConfigError)
     kwargs = {k: v for k, v in raw.items() if k in _WORKLOAD_KEYS}
     for key in ("model", "mmproj", "lock", "inputs"):
         if key in kwargs and (not isinstance(kwargs[key], str) or not kwargs[key].strip()):
@@ -274,10 +277,16 @@ def parse_config(data: dict) -> SweepConfig:
     raw_workloads = data.get("workload", [])
     if not isinstance(raw_workloads, list):
         raise ConfigError("[[workload]] must be an array of tables")
+    if "workload" in data and not raw_workloads:
+        raise ConfigError("workload = [] lists no workload; give at least one [[workload]] table "
+                          "(or leave 'workload' out for the built-in default)")
     workloads = tuple(_workload(w, i) for i, w in enumerate(raw_workloads)) or DEFAULT_CONFIG.workloads
     names = [w.name for w in workloads]
     if len(set(names)) != len(names):
         raise ConfigError(f"workload names must be unique, got {names}")
+    parts = [safe_component(n) for n in names]  # trial ids: injective by construction, checked anyway
+    if len(set(parts)) != len(parts):
+        raise ConfigError(f"workload names {names} give the same trial-id part; rename one")
     config = check_plan_size(SweepConfig(offsets=_offsets(data), devices=_devices(data), workloads=workloads, **kw))
     for wl in config.workloads:  # before any trial: a cell the engine cannot run is a config error
         lacking = [m for m in config.mechanisms if m not in ENGINES[wl.engine].mechanisms]
@@ -299,10 +308,10 @@ def trials_per_device(config: SweepConfig) -> int:
 
 
 def check_plan_size(config: SweepConfig) -> SweepConfig:
-    """Refuse a plan larger than MAX_PLAN_PER_DEVICE trials per device, before it is built."""
+    """Refuse a plan of more than MAX_PLAN_TRIALS trials on even one device, before it is built."""
     n = trials_per_device(config)
-    if n > MAX_PLAN_PER_DEVICE:
-        raise ConfigError(f"the plan has {n} trials per device, more than {MAX_PLAN_PER_DEVICE}; "
+    if n > MAX_PLAN_TRIALS:
+        raise ConfigError(f"the plan has {n} trials per device, more than the {MAX_PLAN_TRIALS} a sweep allows; "
                           "lower sweep.trials_per_cell or split the sweep")
     return config
 
@@ -326,15 +335,7 @@ def load_config(path: Path | None) -> SweepConfig:
     """Read and validate a TOML sweep config; ``None`` gives the built-in default."""
     if path is None:
         return DEFAULT_CONFIG
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: malformed TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    data = load_toml(Path(path), "config file", MAX_CONFIG_BYTES, ConfigError)  # a bounded regular file
     try:
         return parse_config(data)
     except ConfigError as exc:
@@ -378,12 +379,9 @@ def load_inputs(workload: WorkloadSpec) -> list[dict]:
     else:
         raise ConfigError(f"workload {workload.name}: corpus name {workload.inputs!r} must be a plain name "
                           "(datasets/corpora/<name>.jsonl) or a path ending in .jsonl")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"workload {workload.name}: unknown input corpus {workload.inputs!r} ({path} missing)")
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read input corpus ({exc})") from None
+    lines = read_text(path, f"workload {workload.name}: input corpus", MAX_CORPUS_BYTES, ConfigError).splitlines()
     items = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
