@@ -46,17 +46,20 @@ def loopback_node_ip():
         services.resolve_ip_for_localhost = original
 
 
-def private_temp_dir() -> str:
-    """A new mode-0700 directory for a local Ray's session (sockets, logs, spilled objects).
+def private_temp_dir() -> tuple[str, str]:
+    """(parent, temp dir) for a local Ray's session (sockets, logs, spilled objects).
 
-    Ray's default ``/tmp/ray`` session and socket directories are mode 0777:
-    any local user can reach its Unix sockets. Under a 0700 parent only this
-    user (and root) can. Kept short: Unix socket paths are limited to 107 bytes.
+    Ray makes its temp dir and the session and socket directories in it mode
+    0777 (also a temp dir it is given), so any local user could reach its Unix
+    sockets. The temp dir is therefore ``ray/`` inside a new mode-0700 parent:
+    only this user (and root) can enter it. Kept short: Unix socket paths are
+    limited to 107 bytes.
     """
     base = tempfile.gettempdir()
-    if len(base) > 40 or not os.access(base, os.W_OK):
+    if len(base) > 12 or not os.access(base, os.W_OK):  # <base>/cancelbench-ray-*/ray/session_*/sockets/...
         base = "/tmp"
-    return tempfile.mkdtemp(prefix="cancelbench-ray-", dir=base)  # mkdtemp: mode 0700
+    parent = tempfile.mkdtemp(prefix="cancelbench-ray-", dir=base)  # mkdtemp: mode 0700
+    return parent, os.path.join(parent, "ray")
 
 
 def start_local(**init_kwargs) -> None:
@@ -67,9 +70,9 @@ def start_local(**init_kwargs) -> None:
     from cancelbench import signals, watchdog
 
     use_auth_mode("token")
-    temp_dir = init_kwargs.pop("_temp_dir", None) or private_temp_dir()
+    parent, temp_dir = private_temp_dir()
     with loopback_node_ip():
         ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=temp_dir,
                  **init_kwargs)
-    watchdog.start(temp_dir)
+    watchdog.start(parent)  # also removes the private directory once this Ray is gone
     signals.reassert()  # ray.init put its C++ SIGTERM handler in place of ours

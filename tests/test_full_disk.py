@@ -94,11 +94,13 @@ def test_a_full_disk_loses_no_record_and_resume_completes_exactly_once(tmp_path)
 def test_a_report_that_does_not_fit_is_one_line_and_leaves_no_partial_file(tmp_path):
     data = write_dataset(tmp_path / "data", cell_rows("c", [10.0 + i for i in range(12)]))
     with tmpfs(tmp_path / "fs", "64k") as fs:
-        filler = fs / "filler"
-        with open(filler, "wb") as f, contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * 4096)
-                f.flush()
+        fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            with contextlib.suppress(OSError):  # until the tmpfs is full
+                while os.write(fd, b"\0" * 4096):
+                    pass
+        finally:
+            os.close(fd)
         r = run("report", data, "--html", fs / "report.html")
         lines = r.stderr.strip().splitlines()
         assert r.returncode in (1, 2) and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]

@@ -82,6 +82,44 @@ def test_property_distinct_names_never_share_a_trial_id_or_partition(seed):
     assert len(ids) == len(set(ids)) == len(devices) * len(workloads) * (3 + 2 * 2)
 
 
+PUNCTUATION_SWEEP = """
+[sweep]
+trials_per_cell = 3
+mechanisms = ["abort_callback"]
+deliveries = ["agent"]
+ping_samples = 3
+[offsets]
+plan = "immediate"
+[[workload]]
+name = "a/b"
+engine = "probe"
+duration_us = 1000
+[[workload]]
+name = "a_b"
+engine = "probe"
+duration_us = 1000
+"""
+
+
+def test_a_sweep_of_names_that_differ_only_in_punctuation_writes_every_trial_once(tmp_path):
+    """Through the real command: workloads `a/b` and `a_b` used to write 12 rows with 6 distinct ids
+    (and a resumed sweep then skipped one workload and called the dataset complete)."""
+    import pyarrow.parquet as pq
+
+    from cancelbench.sink import read_manifest, read_records
+
+    out = tmp_path / "out"
+    r = cancelbench("sweep", "--config", write(tmp_path, PUNCTUATION_SWEEP), "--out", out, "--quiet",
+                    "--no-summary")
+    assert r.returncode == 0, r.stderr[-3000:]
+    df = read_records(out, columns=["trial_id", "workload"])
+    planned = pq.read_table(out / "plan.parquet", columns=["trial_id"]).column("trial_id").to_pylist()
+    assert len(planned) == len(set(planned)) == 2 * (3 + 3)
+    assert df.trial_id.is_unique and set(df.trial_id) == set(planned)
+    assert df.groupby("workload").size().to_dict() == {"a/b": 6, "a_b": 6}
+    assert read_manifest(out)["status"] == "complete"
+
+
 # ------------------------------------------------------------------- sweep config
 
 BAD_CONFIGS = {
