@@ -176,7 +176,11 @@ def _workload(raw: dict, i: int) -> WorkloadSpec:
     if "name" not in raw:
         raise ConfigError(f"{where}: 'name' is required")
     expect_name(raw["name"], f"{where}.name", ConfigError)  # bounded: it becomes trial ids and file names
-    expect_choice(raw.get("engine", "text"), f"{where}.engine", tuple(ENGINES), ConfigError)
+    engine = raw.get("engine", "text")
+    if not isinstance(engine, str):  # a list or table is refused by its type, not by a TypeError
+        expect_choice(engine, f"{where}.engine", tuple(ENGINES), ConfigError)
+    if engine not in ENGINES:
+        raise ConfigError(f"{where}: unknown engine {engine!r} (known: {', '.join(ENGINES)})")
     kwargs = {k: v for k, v in raw.items() if k in _WORKLOAD_KEYS}
     for key in ("model", "mmproj", "lock", "inputs"):
         if key in kwargs and (not isinstance(kwargs[key], str) or not kwargs[key].strip()):
@@ -311,7 +315,7 @@ def check_plan_size(config: SweepConfig) -> SweepConfig:
     """Refuse a plan of more than MAX_PLAN_TRIALS trials on even one device, before it is built."""
     n = trials_per_device(config)
     if n > MAX_PLAN_TRIALS:
-        raise ConfigError(f"the plan has {n} trials per device, more than the {MAX_PLAN_TRIALS} a sweep allows; "
+        raise ConfigError(f"the plan has {n} trials per device, more than {MAX_PLAN_TRIALS} (the most a sweep allows); "
                           "lower sweep.trials_per_cell or split the sweep")
     return config
 
@@ -381,7 +385,10 @@ def load_inputs(workload: WorkloadSpec) -> list[dict]:
                           "(datasets/corpora/<name>.jsonl) or a path ending in .jsonl")
     if not path.exists():
         raise ConfigError(f"workload {workload.name}: unknown input corpus {workload.inputs!r} ({path} missing)")
-    lines = read_text(path, f"workload {workload.name}: input corpus", MAX_CORPUS_BYTES, ConfigError).splitlines()
+    try:
+        lines = read_text(path, "input corpus", MAX_CORPUS_BYTES, ConfigError).splitlines()
+    except ConfigError as exc:
+        raise ConfigError(f"workload {workload.name}: cannot read input corpus ({exc})") from None
     items = []
     for n, line in enumerate(lines, 1):
         if not line.strip():

@@ -179,8 +179,8 @@ class Sweep:
             raise SweepInputError(str(exc)) from None
         n_planned = planned_trials(self.config, [s.key for s in slots])
         if n_planned > MAX_PLAN_TRIALS:  # the limit is per sweep: it does not grow with the cluster
-            raise SweepInputError(f"the plan has {n_planned} trials on {len(slots)} device(s), more than the "
-                                  f"{MAX_PLAN_TRIALS} a sweep allows; lower sweep.trials_per_cell, select fewer "
+            raise SweepInputError(f"the plan has {n_planned} trials on {len(slots)} device(s), more than "
+                                  f"{MAX_PLAN_TRIALS} (the most a sweep allows); lower sweep.trials_per_cell, select fewer "
                                   "devices ([devices]) or split the sweep")
         n_threads = max(w.n_threads for w in self.config.workloads)
         sweep_id = existing.get("sweep_id") or f"sw-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"

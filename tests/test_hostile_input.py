@@ -208,8 +208,10 @@ def test_a_model_that_is_not_a_regular_file_says_so(tmp_path, kind):
 
 # ------------------------------------------------------------------- manifests: report, diff, --resume
 
-BAD_MANIFESTS = {"version-null": {"schema_version": None}, "version-float": {"schema_version": 1.5},
-                 "version-string": {"schema_version": "1"}, "list": [1, 2]}
+BAD_MANIFESTS = {"version-null": ({"schema_version": None}, "schema_version"),
+                 "version-float": ({"schema_version": 1.5}, "schema_version"),
+                 "version-string": ({"schema_version": "1"}, "schema_version"),
+                 "list": ([1, 2], "must hold a JSON object")}
 
 
 def bad_dataset(path: Path, manifest) -> Path:
@@ -221,7 +223,8 @@ def bad_dataset(path: Path, manifest) -> Path:
 @pytest.mark.parametrize("case", sorted(BAD_MANIFESTS))
 @pytest.mark.parametrize("command", ["report", "diff", "resume"])
 def test_bad_manifests_are_one_line_and_exit_2(tmp_path, case, command):
-    data = bad_dataset(tmp_path / "data", BAD_MANIFESTS[case])
+    manifest, needle = BAD_MANIFESTS[case]
+    data = bad_dataset(tmp_path / "data", manifest)
     before = snapshot(tmp_path)
     if command == "report":
         r = cancelbench("report", data)
@@ -229,7 +232,7 @@ def test_bad_manifests_are_one_line_and_exit_2(tmp_path, case, command):
         r = cancelbench("diff", data, data)
     else:
         r = cancelbench("sweep", "--out", data, "--resume", "--quiet")
-    one_line_exit_2(r, "manifest")
+    one_line_exit_2(r, "manifest", needle)
     assert snapshot(tmp_path) == before
 
 
