@@ -9,8 +9,10 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -59,10 +61,12 @@ def run(*args, env=None):
 
 def test_a_full_disk_loses_no_record_and_resume_completes_exactly_once(tmp_path):
     cfg = write(tmp_path, FULL_SWEEP)
-    spare = tmp_path / "spare"  # $TMPDIR: another filesystem than the tmpfs
-    spare.mkdir()
+    # $TMPDIR: another filesystem than the tmpfs; a short path, as Ray's Unix sockets may go under it
+    spare = Path(tempfile.mkdtemp(prefix="cbfull-", dir="/tmp"))
     env = os.environ | {"TMPDIR": str(spare)}
-    with tmpfs(tmp_path / "fs", "300k") as fs:
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, spare, ignore_errors=True)
+        fs = cleanup.enter_context(tmpfs(tmp_path / "fs", "300k"))
         out = fs / "out"
         r = run("sweep", "--config", cfg, "--out", out, "--quiet", "--no-summary", env=env)
         ours = [line for line in r.stderr.splitlines() if line.startswith("cancelbench:")]
