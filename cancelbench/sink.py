@@ -19,7 +19,6 @@ import errno
 import fcntl
 import json
 import os
-import re
 import threading
 import time
 import uuid
@@ -42,7 +41,6 @@ RESERVE_FILE = ".cancelbench.reserve"  # space set aside for the manifest, freed
 RESERVE_BYTES = 64 * 1024
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class DatasetError(ValueError):

@@ -288,7 +288,6 @@ def legacy_plan_sha256(plan: list[TrialSpec]) -> str:
 _TRIAL_JSON = ('{"delivery": %s, "device": %s, "input_id": %s, "input_seed": %s, "mechanism": %s, '
                '"offset_fraction": %s, "offset_ms": %s, "offset_plan": %s, "offset_seed": %s, '
                '"target_phase": %s, "trial_id": %s, "trial_index": %s, "trial_kind": %s, "workload": %s}')
-assert tuple(sorted(f.name for f in fields(TrialSpec))) == tuple(sorted(_FIELDS)) and len(_FIELDS) == 14
 _json_str = json.encoder.encode_basestring_ascii  # what json.dumps uses (ensure_ascii)
 
 
@@ -301,18 +300,16 @@ def _json_opt(v) -> str:
     return "null" if v is None else _json_str(v)
 
 
-def astuple_fast(t: TrialSpec) -> tuple:
-    return tuple(t.__dict__[f] for f in _FIELDS)
-
-
 def plan_table(plan: Sequence[TrialSpec]):
     """The plan as a pyarrow table (``plan.parquet``), with explicit column types (no inference)."""
     import pyarrow as pa
 
     types = {"trial_index": pa.int64(), "input_seed": pa.int64(), "offset_seed": pa.int64(),
              "offset_fraction": pa.float64(), "offset_ms": pa.float64()}
+    types.update((f, pa.string()) for f in ("trial_id", "device", "workload", "trial_kind", "mechanism",
+                                            "delivery", "offset_plan", "input_id", "target_phase"))
     cols = plan_columns(plan)
-    return pa.table({f: pa.array(cols[f], type=types.get(f, pa.string())) for f in _FIELDS})
+    return pa.table({f: pa.array(cols[f], type=types.get(f)) for f in _FIELDS})  # another field: inferred
 
 
 def plan_columns(plan: Sequence[TrialSpec]) -> dict[str, list]:
