@@ -94,6 +94,11 @@ def cmd_sweep(args) -> int:
 
         try:
             print(write_sweep_reports(result.out_dir), end="")
+        except KeyboardInterrupt as exc:  # the sweep is complete; only its report files are missing
+            name = exc.name if isinstance(exc, signals.Interrupted) else "SIGINT"
+            print(f"cancelbench: interrupted by {name} while writing the report; the sweep is complete "
+                  f"(cancelbench report {result.out_dir})", file=sys.stderr)
+            return exc.exit_code if isinstance(exc, signals.Interrupted) else 130
         except OSError as exc:  # a full disk: the records are safe, the report files are not written
             return _fail(f"the records are written, but not report.txt/report.html in {result.out_dir} "
                          f"({exc.strerror or exc}); free space and run: cancelbench report {result.out_dir}",
