@@ -71,8 +71,8 @@ def start_local(**init_kwargs) -> None:
 
     use_auth_mode("token")
     parent, temp_dir = private_temp_dir()
+    watchdog.start(parent)  # before ray.init: a Ray that fails to start is cleaned up too, and the directory
     with loopback_node_ip():
         ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=temp_dir,
                  **init_kwargs)
-    watchdog.start(parent)  # also removes the private directory once this Ray is gone
     signals.reassert()  # ray.init put its C++ SIGTERM handler in place of ours
