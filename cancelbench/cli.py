@@ -7,7 +7,10 @@ Exit codes: 0 ok, 1 failures found (dropped/lost/error trials, regressions),
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 EXIT_OK, EXIT_FAILURES, EXIT_INPUT = 0, 1, 2
@@ -50,22 +53,37 @@ def cmd_sweep(args) -> int:
     from cancelbench.orchestrator.runner import SweepInputError, run_sweep
     from cancelbench.sink import DatasetError, SinkError
 
+    from cancelbench import signals
+    from cancelbench.orchestrator.cluster import ClusterError, check_address
+
+    signals.install()  # SIGINT, SIGTERM, SIGHUP alike, whatever this process inherited
+    out = Path(args.out) if args.out else Path("results") / "sweep"
     try:
+        check_address(args.address or os.environ.get("RAY_ADDRESS"))
         config = load_config(args.config)
         if args.trials is not None:
             config = with_trials(config, args.trials)
         _warn_threads(config, args.address)
-        out = Path(args.out) if args.out else Path("results") / "sweep"
         result = run_sweep(config, out, address=args.address, resume=args.resume, progress=not args.quiet)
-    except (ConfigError, SweepInputError, LockError, DatasetError) as exc:
+    except (ConfigError, SweepInputError, LockError, DatasetError, ClusterError) as exc:
         return _fail(str(exc))
     except SinkError as exc:  # records kept as JSON lines; the dataset is incomplete
         return _fail(str(exc), EXIT_FAILURES)
-    except KeyboardInterrupt:
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        return _fail(f"no space left on the device ({exc.filename or out}); free space, then run the same command "
+                     "again (with --resume if the sweep had started)", EXIT_FAILURES)
+    except KeyboardInterrupt as exc:
         _stop_ray()
-        print("cancelbench: interrupted; records written so far are kept, the manifest says "
-              "\"interrupted\" (use --resume)", file=sys.stderr)
-        return 130
+        name = exc.name if isinstance(exc, signals.Interrupted) else "SIGINT"
+        code = exc.exit_code if isinstance(exc, signals.Interrupted) else 130
+        if (out / "manifest.json").is_file():
+            print(f"cancelbench: interrupted by {name}; records written so far are kept, the manifest says "
+                  f"\"interrupted\" (continue with --resume --out {out})", file=sys.stderr)
+        else:
+            print(f"cancelbench: interrupted by {name} before any trial ran; nothing was written", file=sys.stderr)
+        return code
     for line in result.stopped:  # a device whose reference runs all failed (exit 1)
         print(f"cancelbench: error: {line}", file=sys.stderr)
     print(f"sweep {result.sweep_id}: {result.written} trials written to {result.out_dir} "
@@ -74,7 +92,17 @@ def cmd_sweep(args) -> int:
     if not args.no_summary:
         from cancelbench.reports.summary import write_sweep_reports
 
-        print(write_sweep_reports(result.out_dir), end="")
+        try:
+            print(write_sweep_reports(result.out_dir), end="")
+        except KeyboardInterrupt as exc:  # the sweep is complete; only its report files are missing
+            name = exc.name if isinstance(exc, signals.Interrupted) else "SIGINT"
+            print(f"cancelbench: interrupted by {name} while writing the report; the sweep is complete "
+                  f"(cancelbench report {result.out_dir})", file=sys.stderr)
+            return exc.exit_code if isinstance(exc, signals.Interrupted) else 130
+        except OSError as exc:  # a full disk: the records are safe, the report files are not written
+            return _fail(f"the records are written, but not report.txt/report.html in {result.out_dir} "
+                         f"({exc.strerror or exc}); free space and run: cancelbench report {result.out_dir}",
+                         EXIT_FAILURES)
     return result.exit_code
 
 
@@ -83,13 +111,38 @@ def cmd_fixtures(args) -> int:
 
     from cancelbench.datasets.locks import LockError
 
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        problem = _unwritable_dir(out)
+        if problem:
+            return _fail(f"--out {out}: {problem}")
     try:
-        paths = generate_all(Path(args.out) if args.out else None, which=args.which, scale=args.scale)
+        paths = generate_all(out, which=args.which, scale=args.scale)
     except LockError as exc:  # a cached file that no longer matches its lock: say which, write nothing more
         return _fail(str(exc))
+    except OSError as exc:  # the disk filled up, a permission changed under us...
+        return _fail(f"cannot write the fixtures ({exc.strerror or exc}{': ' + exc.filename if exc.filename else ''})",
+                     EXIT_FAILURES if exc.errno in (errno.ENOSPC, errno.EDQUOT) else EXIT_INPUT)
     for path in paths:
         print(path)
     return EXIT_OK
+
+
+def _unwritable_dir(path: Path) -> str | None:
+    """Why ``path`` cannot be an output directory (None if it can): checked before anything is written."""
+    if path.exists() and not path.is_dir():
+        return "is a file, not a directory"
+    parent = next((p for p in [path, *path.parents] if p.exists()), None)
+    if parent is None or not parent.is_dir():
+        return "no existing parent directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable"
+    try:  # /proc, /sys and read-only mounts pass os.access for root: try a real file
+        probe = tempfile.NamedTemporaryFile(dir=parent, prefix=".cancelbench-probe-")
+        probe.close()
+    except OSError as exc:
+        return f"cannot write in {parent} ({exc.strerror or exc})"
+    return None
 
 
 def cmd_lock(args) -> int:

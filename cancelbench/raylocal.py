@@ -7,6 +7,7 @@ engine, which must not import the driver. Nothing here runs at import.
 from __future__ import annotations
 
 import os
+import tempfile
 from contextlib import contextmanager
 
 LOOPBACK = ("127.0.0.1", "localhost")
@@ -45,10 +46,33 @@ def loopback_node_ip():
         services.resolve_ip_for_localhost = original
 
 
+def private_temp_dir() -> tuple[str, str]:
+    """(parent, temp dir) for a local Ray's session (sockets, logs, spilled objects).
+
+    Ray makes its temp dir and the session and socket directories in it mode
+    0777 (also a temp dir it is given), so any local user could reach its Unix
+    sockets. The temp dir is therefore ``ray/`` inside a new mode-0700 parent:
+    only this user (and root) can enter it. Kept short: Unix socket paths are
+    limited to 107 bytes.
+    """
+    base = tempfile.gettempdir()
+    if len(base) > 12 or not os.access(base, os.W_OK):  # <base>/cancelbench-ray-*/ray/session_*/sockets/...
+        base = "/tmp"
+    parent = tempfile.mkdtemp(prefix="cancelbench-ray-", dir=base)  # mkdtemp: mode 0700
+    return parent, os.path.join(parent, "ray")
+
+
 def start_local(**init_kwargs) -> None:
-    """A new local Ray (never another session's cluster), on 127.0.0.1, token auth on."""
+    """A new local Ray (never another session's cluster), on 127.0.0.1, token auth on, in a
+    private 0700 temp dir, with a watchdog that ends it if this process dies without doing so."""
     import ray
 
+    from cancelbench import signals, watchdog
+
     use_auth_mode("token")
+    parent, temp_dir = private_temp_dir()
+    watchdog.start(parent)  # before ray.init: a Ray that fails to start is cleaned up too, and the directory
     with loopback_node_ip():
-        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, **init_kwargs)
+        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=temp_dir,
+                 **init_kwargs)
+    signals.reassert()  # ray.init put its C++ SIGTERM handler in place of ours

@@ -19,7 +19,6 @@ import errno
 import fcntl
 import json
 import os
-import re
 import threading
 import time
 import uuid
@@ -30,6 +29,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from .inputs import MAX_MANIFEST_BYTES, load_json_object, safe_component
 from .fileio import write_atomic, write_json_atomic  # noqa: F401  (re-exported)
 from .schema import FILE_SCHEMA, PARTITION_COLUMNS, RECORD_SCHEMA, SCHEMA_VERSION
 
@@ -37,8 +37,10 @@ RECORDS_DIR = "records"
 MANIFEST = "manifest.json"
 PLAN_FILE = "plan.parquet"
 LOCK_FILE = ".cancelbench.lock"  # held (flock) by the sweep writing the directory
+RESERVE_FILE = ".cancelbench.reserve"  # space set aside for the manifest, freed when the disk fills up
+RESERVE_BYTES = 64 * 1024
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class DatasetError(ValueError):
@@ -46,9 +48,9 @@ class DatasetError(ValueError):
 
 
 def sanitize_path_part(value: object) -> str:
-    """Make a value safe as one path component (no separators, no dot-dirs)."""
-    text = _UNSAFE.sub("_", str(value if value is not None else "unknown")).strip("._")
-    return text[:64] or "unknown"
+    """A value as one path component (no separators, no dot-dirs), injectively: a value that
+    had to change carries a short hash of itself, so ``a/b`` and ``a_b`` never share a partition."""
+    return "unknown" if value is None else safe_component(str(value), dots=True, max_chars=64)
 
 
 def records_dir(out_dir: Path) -> Path:
@@ -70,26 +72,30 @@ def open_dataset(out_dir: Path) -> ds.Dataset:
 
 def read_manifest(out_dir: Path) -> dict:
     path = Path(out_dir) / MANIFEST
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
+        if records_dir(out_dir).is_dir():
+            raise DatasetError(f"{out_dir} holds records/ but no {MANIFEST} (deleted?); they cannot be resumed or "
+                               f"reported without it: restore {MANIFEST}, or move {records_dir(out_dir)} away (or "
+                               "choose another --out) to start a new sweep")
         raise DatasetError(f"{out_dir}: not a cancelbench dataset (no {MANIFEST})")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise DatasetError(f"{path}: unreadable manifest ({exc})") from exc
+    manifest = load_json_object(path, "manifest", MAX_MANIFEST_BYTES, DatasetError)
+    for key, kind in (("status", str), ("planned_trials", int), ("not_run", list), ("config", dict)):
+        if key in manifest and manifest[key] is not None and not isinstance(manifest[key], kind):
+            raise DatasetError(f"{path}: manifest field {key!r} has the wrong type ({manifest[key]!r})")
+    return manifest
 
 
 def check_schema_version(out_dir: Path) -> int:
-    version = int(read_manifest(out_dir).get("schema_version", -1))
+    path = Path(out_dir) / MANIFEST
+    version = read_manifest(out_dir).get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise DatasetError(f"{path}: manifest has no valid schema_version (a positive integer), got {version!r}")
     if version > SCHEMA_VERSION:
         raise DatasetError(
             f"{out_dir}: record schema version {version} is newer than this cancelbench "
             f"understands ({SCHEMA_VERSION}); upgrade cancelbench"
         )
-    if version < 1:
-        raise DatasetError(f"{out_dir}: manifest has no valid schema_version")
     return version
-
-
 
 
 def rows_to_table(rows: list[dict]) -> pa.Table:
@@ -109,6 +115,12 @@ class RecordSink:
     retried; :meth:`close` writes what Parquet still refuses to a JSON-lines file
     (``DIR/unwritten-*.jsonl``) and raises :class:`SinkError`, so no record taken
     is ever lost.
+
+    A full disk (ENOSPC, EDQUOT) sets :attr:`disk_full`: the sweep takes no
+    more trials, the sink stops retrying and keeps its rows in memory, and
+    :meth:`close` writes them as JSON lines on another filesystem (``$TMPDIR``,
+    then the home directory) and frees the space reserved at start
+    (``.cancelbench.reserve``), so the manifest can still say ``incomplete``.
     """
 
     def __init__(self, out_dir: Path, flush_every: int = 16, flush_seconds: float = 2.0) -> None:
@@ -123,10 +135,32 @@ class RecordSink:
         self.written = 0
         self.last_error: BaseException | None = None
         self._rejected: list[dict] = []  # rows the record schema cannot hold (written as JSON at close)
+        self.disk_full = False
         records_dir(self.out_dir).mkdir(parents=True, exist_ok=True)
+        self._reserve()
         self._closed = threading.Event()
         self._timer = threading.Thread(target=self._tick, name="record-sink-timer", daemon=True)
         self._timer.start()
+
+    def _reserve(self) -> None:
+        """Set real blocks aside (not a sparse file) for the manifest written after a full disk."""
+        path = self.out_dir / RESERVE_FILE
+        try:
+            with open(path, "wb") as f:
+                f.write(b"\0" * RESERVE_BYTES)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            if exc.errno in _FULL_ERRNOS:
+                raise SinkError(f"{self.out_dir}: no space left for the records ({exc.strerror}); free space "
+                                "and run the same command again (with --resume if the sweep had started)") from None
+            raise
+
+    def _release(self) -> None:
+        with contextlib.suppress(OSError):
+            (self.out_dir / RESERVE_FILE).unlink()
 
     def _tick(self) -> None:
         while not self._closed.wait(self.flush_seconds / 4):
@@ -144,15 +178,22 @@ class RecordSink:
 
     def flush(self) -> None:
         """Write the buffered rows. Rows whose write fails stay buffered (retried on the next
-        flush); a row the schema cannot hold is set aside for :meth:`close`."""
+        flush, unless the disk is full); a row the schema cannot hold is set aside for :meth:`close`."""
         with self._lock:
+            if self.disk_full:
+                return  # kept in memory for close(): a retry would only fail again
             rows, self._buf = self._buf, []
             self._last_flush = time.monotonic()
-            for key, group in _by_partition(rows).items():
+            groups = list(_by_partition(rows).items())
+            for n, (key, group) in enumerate(groups):
                 try:
                     self._write_group(key, group)
                 except Exception as exc:  # disk full, a value the schema cannot hold...
                     self.last_error = exc
+                    if _is_disk_full(exc):
+                        self.disk_full = True
+                        self._buf[:0] = [r for _, g in groups[n:] for r in g]
+                        return
                     self._buf[:0] = self._set_aside_bad_rows(key, group)
 
     def _set_aside_bad_rows(self, key: tuple[str, ...], group: list[dict]) -> list[dict]:
@@ -191,18 +232,70 @@ class RecordSink:
         self.flush()
         with self._lock:  # a last try for what failed (or arrived) since: the rest is kept as JSON lines
             rows, unwritten, self._buf, self._rejected = self._buf, self._rejected, [], []
+            if self.disk_full:
+                unwritten.extend(rows)
+                rows = []
             for key, group in _by_partition(rows).items():
                 try:
                     self._write_group(key, group)
                 except Exception as exc:
                     self.last_error = exc
+                    self.disk_full = self.disk_full or _is_disk_full(exc)
                     unwritten.extend(group)
-        if unwritten:
-            path = self.out_dir / f"unwritten-{self._writer_id}.jsonl"
-            write_atomic(path, lambda tmp: tmp.write_text(
-                "".join(json.dumps(r, default=str) + "\n" for r in unwritten)))
-            raise SinkError(f"{len(unwritten)} record(s) could not be written as Parquet "
-                            f"({' '.join(str(self.last_error).split())}); they are kept in {path}")
+        if not unwritten:
+            self._release()
+            return
+        text = "".join(json.dumps(r, default=str) + "\n" for r in unwritten)
+        path, tried = self._write_fallback(text)
+        self._release()  # the manifest's write needs the reserved space now
+        error = " ".join(str(self.last_error).split())
+        if path is None:
+            raise SinkError(f"{len(unwritten)} record(s) could not be written anywhere ({error}; tried "
+                            f"{', '.join(tried)}); their trials run again on --resume")
+        if self.disk_full:
+            raise SinkError(f"no space left in {self.out_dir}: {self.written} record(s) written there, the "
+                            f"other {len(unwritten)} kept in {path}; no more trials were taken. Free space, then "
+                            "run the same command with --resume (their trials run again)")
+        raise SinkError(f"{len(unwritten)} record(s) could not be written as Parquet ({error}); "
+                        f"they are kept in {path}")
+
+    def _write_fallback(self, text: str) -> tuple[Path | None, list[str]]:
+        """Write the unwritten records as JSON lines: next to the dataset, or after a full disk on
+        another filesystem ($TMPDIR, then the home directory). Returns (path or None, places tried)."""
+        name = f"cancelbench-unwritten-{sanitize_path_part(self.out_dir.resolve().name)}-{self._writer_id}.jsonl"
+        places = [self.out_dir / f"unwritten-{self._writer_id}.jsonl"]
+        if self.disk_full:
+            try:
+                own = os.stat(self.out_dir).st_dev
+            except OSError:
+                own = None
+            places = []
+            for d in (os.environ.get("TMPDIR") or "/tmp", os.path.expanduser("~")):
+                with contextlib.suppress(OSError):
+                    if Path(d).is_dir() and os.stat(d).st_dev != own:
+                        places.append(Path(d) / name)
+            places.append(self.out_dir / f"unwritten-{self._writer_id}.jsonl")  # last: the same full disk
+        tried = []
+        for path in places:
+            tried.append(str(path))
+            try:
+                write_atomic(path, lambda tmp: tmp.write_text(text))
+                return path, tried
+            except OSError as exc:
+                self.last_error = self.last_error or exc
+        return None, tried
+
+
+def _is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC/EDQUOT, raised as OSError or wrapped by pyarrow (which keeps only the message)."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+            return True
+        text = str(exc)
+        if "No space left on device" in text or "Disk quota exceeded" in text:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _by_partition(rows: list[dict]) -> dict[tuple[str, ...], list[dict]]:

@@ -9,12 +9,13 @@ writes one for real models (see README).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from cancelbench.fileio import write_json_atomic
+from cancelbench.inputs import MAX_LOCK_BYTES, load_json_object, regular_file
 
 LOCKS_DIR = Path(__file__).resolve().parent / "locks"
 
@@ -40,15 +41,28 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 
 def load_lock(lock_path: Path) -> dict[str, FileLock]:
-    try:
-        data = json.loads(Path(lock_path).read_text())
-        files = data["files"]
-        return {name: FileLock(name, int(v["size"]), str(v["sha256"]).lower(), str(v.get("source", "")))
-                for name, v in files.items()}
-    except FileNotFoundError:
-        raise LockError(f"lock file not found: {lock_path}") from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise LockError(f"{lock_path}: malformed lock file ({exc})") from None
+    """The entries of a lock file: a bounded regular JSON file, every field type-checked."""
+    data = load_json_object(Path(lock_path), "lock file", MAX_LOCK_BYTES, LockError)
+    files = data.get("files")
+    if not isinstance(files, dict):
+        raise LockError(f"{lock_path}: malformed lock file ('files' must be an object of file name -> "
+                        f"{{size, sha256, source}}, got {files!r:.60})")
+    out = {}
+    for name, v in files.items():
+        where = f"{lock_path}: malformed lock file (files.{name}"
+        if not isinstance(v, dict):
+            raise LockError(f"{where} must be an object)")
+        size = v.get("size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise LockError(f"{where}.size must be an integer >= 0, got {size!r})")
+        sha = v.get("sha256")
+        if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
+            raise LockError(f"{where}.sha256 must be 64 hex digits, got {sha!r:.80})")
+        source = v.get("source", "")
+        if not isinstance(source, str):
+            raise LockError(f"{where}.source must be a string)")
+        out[name] = FileLock(name, size, sha.lower(), source)
+    return out
 
 
 # Verified (path, size, mtime_ns) -> sha256, so a model is hashed once per process.
@@ -57,11 +71,7 @@ _verified: dict[tuple[str, int, int], str] = {}
 
 def check_size(path: Path, lock: FileLock) -> os.stat_result:
     """The cheap half of :func:`verify_file` (exists, size), for a check before Ray starts."""
-    path = Path(path)
-    if path.is_dir():
-        raise LockError(f"model path is a directory, not a file: {path}")
-    if not path.is_file():
-        raise LockError(f"model file not found: {path}")
+    path = regular_file(Path(path), "model file", LockError)  # not a directory, device or FIFO
     st = path.stat()
     if st.st_size != lock.size:
         raise LockError(f"{path}: size {st.st_size} does not match lock {lock.size} "

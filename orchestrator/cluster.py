@@ -11,6 +11,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from cancelbench.device_agents.agent import remote_agent_class
+from cancelbench import signals
 from cancelbench.raylocal import LOOPBACK, loopback_node_ip, start_local, use_auth_mode
 
 from .config import DeviceSelector
@@ -54,6 +55,7 @@ def connect(address: str | None = None) -> None:
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
+    check_address(address)
     if not address:
         start_local(namespace=AGENT_NAMESPACE, log_to_driver=True, configure_logging=False)
         return
@@ -67,6 +69,16 @@ def connect(address: str | None = None) -> None:
             ray.init(address=address, namespace=AGENT_NAMESPACE, log_to_driver=True, _node_ip_address="127.0.0.1")
     else:
         ray.init(address=address, namespace=AGENT_NAMESPACE, log_to_driver=True)
+    signals.reassert()  # ray.init put its C++ SIGTERM handler in place of ours
+
+
+def check_address(address: str | None) -> None:
+    """Refuse, before anything starts, an address cancelbench cannot use: a Ray Client ``ray://``
+    address (the driver must run on a node of the cluster; the client would time out after 30 s)."""
+    if address and "://" in address:
+        raise ClusterError(f"Ray address {address!r}: Ray Client (ray://) and other URL addresses are not "
+                           "supported; run cancelbench on a node of the cluster and give its GCS as "
+                           "--address HOST:PORT (or 'auto')")
 
 
 def _host_of(address: str) -> str:
@@ -83,8 +95,6 @@ def cluster_auth_mode(address: str, timeout_s: float = 15.0) -> str:
     retrying for a minute. An explicit RAY_AUTH_MODE that disagrees with the
     cluster is an error: the user asked for something the cluster does not do.
     """
-    if address.startswith("ray://"):  # Ray Client: its server handles auth
-        return os.environ.get("RAY_AUTH_MODE") or "token"
     if address == "auto":
         from ray._private import services
         address = services.get_ray_address_from_environment("auto", None) or address
@@ -201,6 +211,7 @@ def discover_slots(selector: DeviceSelector) -> list[DeviceSlot]:
             if device_id.split(":", 1)[0] in selector.backends:
                 slots.append(DeviceSlot(node_id=node["NodeID"], host=host, device_id=device_id, labels=labels,
                                         env=backend_env(device_id)))
+    check_host_names(slots)
     if sim:
         if not slots:
             raise ClusterError("devices.sim_per_host: no alive node matches the device selector")
@@ -212,6 +223,22 @@ def discover_slots(selector: DeviceSelector) -> list[DeviceSlot]:
         raise ClusterError(f"backend(s) {', '.join(sorted(missing))} requested but no alive node offers them "
                            f"(found: {', '.join(sorted(found)) or 'none'})")
     return sorted(slots, key=lambda s: s.key)
+
+
+def check_host_names(slots: list[DeviceSlot]) -> None:
+    """Distinct hosts must give distinct ``host=`` partitions and trial-id parts (injective by
+    construction: a sanitized name carries a hash of the raw one; checked here all the same)."""
+    from cancelbench.sink import sanitize_path_part
+
+    from .plan import device_id_part
+
+    for what, fn in (("partition", sanitize_path_part), ("trial-id part", lambda h: device_id_part(f"{h}/cpu:0"))):
+        seen: dict[str, str] = {}
+        for host in sorted({s.host for s in slots}):
+            other = seen.setdefault(fn(host), host)
+            if other != host:
+                raise ClusterError(f"hosts {other!r} and {host!r} give the same {what} {fn(host)!r}; "
+                                   f"give one a distinct {HOST_LABEL} label")
 
 
 def start_agent(slot: DeviceSlot, n_threads: int, max_restarts: int = 3, name: str | None = None):

@@ -7,11 +7,11 @@ written anywhere before the whole config has been validated.
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cancelbench.device_agents.engines.registry import BACKENDS, ENGINES, MECHANISM_NAMES
+from cancelbench.inputs import MAX_CONFIG_BYTES, expect_choice, expect_name, load_toml, safe_component
 from cancelbench.schema import DELIVERIES, SETTINGS_COLUMNS
 
 OFFSET_PLANS = ("immediate", "uniform", "fixed", "phase", "progress", "phase_time")
@@ -28,7 +28,10 @@ MAX_PING_SAMPLES = 10_000
 MAX_SIM_US = 600_000_000  # sim engine: a phase's wait (int32 column), ten minutes
 MAX_SIM_STEPS = 100_000  # sim engine: waits per phase
 MAX_SIM_PER_HOST = 1_024  # simulated devices (one agent process each) per host
-MAX_PLAN_PER_DEVICE = 1_000_000  # planned trials on one device (the plan is built in memory)
+# Planned trials in one sweep, all devices together (the plan is built in the driver's memory before
+# the first trial; benchmarks/results/plan_scale.json has its measured cost). Checked per device at
+# config load (a lower bound) and for the whole sweep once the devices are known.
+MAX_PLAN_TRIALS = 1_000_000
 
 
 class ConfigError(ValueError):
@@ -207,9 +210,12 @@ def _workload(raw: dict, i: int) -> WorkloadSpec:
     unknown = set(raw) - _WORKLOAD_KEYS - _SPEECH_EXTRA
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
-    if "name" not in raw or not isinstance(raw["name"], str) or not raw["name"].strip():
+    if "name" not in raw:
         raise ConfigError(f"{where}: 'name' is required")
+    expect_name(raw["name"], f"{where}.name", ConfigError)  # bounded: it becomes trial ids and file names
     engine = raw.get("engine", "text")
+    if not isinstance(engine, str):  # a list or table is refused by its type, not by a TypeError
+        expect_choice(engine, f"{where}.engine", tuple(ENGINES), ConfigError)
     if engine not in ENGINES:
         raise ConfigError(f"{where}: unknown engine {engine!r} (known: {', '.join(ENGINES)})")
     kwargs = {k: v for k, v in raw.items() if k in _WORKLOAD_KEYS}
@@ -318,10 +324,16 @@ def parse_config(data: dict) -> SweepConfig:
     raw_workloads = data.get("workload", [])
     if not isinstance(raw_workloads, list):
         raise ConfigError("[[workload]] must be an array of tables")
+    if "workload" in data and not raw_workloads:
+        raise ConfigError("workload = [] lists no workload; give at least one [[workload]] table "
+                          "(or leave 'workload' out for the built-in default)")
     workloads = tuple(_workload(w, i) for i, w in enumerate(raw_workloads)) or DEFAULT_CONFIG.workloads
     names = [w.name for w in workloads]
     if len(set(names)) != len(names):
         raise ConfigError(f"workload names must be unique, got {names}")
+    parts = [safe_component(n) for n in names]  # trial ids: injective by construction, checked anyway
+    if len(set(parts)) != len(parts):
+        raise ConfigError(f"workload names {names} give the same trial-id part; rename one")
     config = check_plan_size(SweepConfig(offsets=_offsets(data), devices=_devices(data), workloads=workloads, **kw))
     if config.devices.sim_per_host:
         real = [w.name for w in config.workloads if not ENGINES[w.engine].simulated]
@@ -348,10 +360,10 @@ def trials_per_device(config: SweepConfig) -> int:
 
 
 def check_plan_size(config: SweepConfig) -> SweepConfig:
-    """Refuse a plan larger than MAX_PLAN_PER_DEVICE trials per device, before it is built."""
+    """Refuse a plan of more than MAX_PLAN_TRIALS trials on even one device, before it is built."""
     n = trials_per_device(config)
-    if n > MAX_PLAN_PER_DEVICE:
-        raise ConfigError(f"the plan has {n} trials per device, more than {MAX_PLAN_PER_DEVICE}; "
+    if n > MAX_PLAN_TRIALS:
+        raise ConfigError(f"the plan has {n} trials per device, more than {MAX_PLAN_TRIALS} (the most a sweep allows); "
                           "lower sweep.trials_per_cell or split the sweep")
     return config
 
@@ -375,15 +387,7 @@ def load_config(path: Path | None) -> SweepConfig:
     """Read and validate a TOML sweep config; ``None`` gives the built-in default."""
     if path is None:
         return DEFAULT_CONFIG
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: malformed TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    data = load_toml(Path(path), "config file", MAX_CONFIG_BYTES, ConfigError)  # a bounded regular file
     try:
         return parse_config(data)
     except ConfigError as exc:

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from cancelbench.datasets.paths import DATASETS_DIR
+from cancelbench.inputs import MAX_CORPUS_BYTES, read_text
 
 from .config import ConfigError, WorkloadSpec
 
@@ -49,12 +50,12 @@ def load_inputs(workload: WorkloadSpec) -> list[dict]:
     else:
         raise ConfigError(f"workload {workload.name}: corpus name {workload.inputs!r} must be a plain name "
                           "(datasets/corpora/<name>.jsonl) or a path ending in .jsonl")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"workload {workload.name}: unknown input corpus {workload.inputs!r} ({path} missing)")
     try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read input corpus ({exc})") from None
+        lines = read_text(path, "input corpus", MAX_CORPUS_BYTES, ConfigError).splitlines()
+    except ConfigError as exc:
+        raise ConfigError(f"workload {workload.name}: cannot read input corpus ({exc})") from None
     items = []
     for n, line in enumerate(lines, 1):
         if not line.strip():

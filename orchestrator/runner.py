@@ -7,8 +7,6 @@ record maths are pure functions in plan.py and cancelbench.schema.
 from __future__ import annotations
 
 import collections
-import hashlib
-import json
 import os
 import platform
 import threading
@@ -30,10 +28,12 @@ from cancelbench.schema import SCHEMA_VERSION
 
 from . import cluster
 from .clock import estimate_offset
-from .config import SweepConfig, WorkloadSpec
+from .config import MAX_PLAN_TRIALS, SweepConfig, WorkloadSpec
 from .corpus import load_inputs
 from .device_run import DeviceRun, DeviceWork, SweepContext, _unwrap
-from .plan import TrialSpec, build_plan
+from .plan import (PLAN_HASH, Plan, build_plan, legacy_plan_sha256, plan_sha256,
+                   planned_trials)
+from .plan import plan_table as plan_table_of
 
 
 class SweepInputError(ValueError):
@@ -162,9 +162,13 @@ class Sweep:
             if existing.get("config") != self.config.to_json():
                 raise SweepInputError(f"{self.out_dir}: --resume with a different config than the one recorded "
                                       "in its manifest (same config required for exactly-once trials)")
-        elif manifest_path.exists() or sinks.records_dir(self.out_dir).exists():
+        elif manifest_path.exists() or manifest_path.is_symlink():
             raise SweepInputError(f"{self.out_dir} already holds a sweep; use --resume to continue it "
                                   "or choose another --out directory")
+        elif sinks.records_dir(self.out_dir).exists():
+            raise SweepInputError(f"{self.out_dir} holds records/ but no {sinks.MANIFEST} (deleted?): restore it and "
+                                  f"use --resume, or move {sinks.records_dir(self.out_dir)} away (or choose another "
+                                  "--out) to start a new sweep")
         return inputs, payloads, existing or {}
 
     def run(self) -> SweepResult:
@@ -178,6 +182,11 @@ class Sweep:
             slots = cluster.discover_slots(self.config.devices)
         except cluster.ClusterError as exc:
             raise SweepInputError(str(exc)) from None
+        n_planned = planned_trials(self.config, [s.key for s in slots])
+        if n_planned > MAX_PLAN_TRIALS:  # the limit is per sweep: it does not grow with the cluster
+            raise SweepInputError(f"the plan has {n_planned} trials on {len(slots)} device(s), more than "
+                                  f"{MAX_PLAN_TRIALS} (the most a sweep allows); lower sweep.trials_per_cell, select fewer "
+                                  "devices ([devices]) or split the sweep")
         n_threads = max(w.n_threads for w in self.config.workloads)
         sweep_id = existing.get("sweep_id") or f"sw-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         # Named, so an operator (or a test) can find a sweep's agents: cancelbench/<sweep>/<host>/<device>.
@@ -186,11 +195,7 @@ class Sweep:
         try:
             return self._run(sweep_id, slots, agents, inputs, payloads, existing)
         finally:
-            for a in agents.values():
-                try:
-                    ray.kill(a)
-                except Exception:
-                    pass
+            _kill_agents(agents)
 
     def _run(self, sweep_id, slots, agents, inputs, payloads, existing) -> SweepResult:
         slot_by_key = {s.key: s for s in slots}
@@ -200,21 +205,25 @@ class Sweep:
         done_ids = sinks.completed_trial_ids(self.out_dir) if self.resume else set()
         prior_outcomes = sinks.outcome_counts(self.out_dir) if done_ids else collections.Counter()
         prior_refs = self._prior_reference_rows(done_ids) if done_ids else {}
-        by_device: dict[str, list[TrialSpec]] = collections.defaultdict(list)
-        for t in plan:
-            if t.trial_id not in done_ids:
-                by_device[t.device].append(t)
+        by_device = plan.by_device(skip=done_ids)
         result = SweepResult(self.out_dir, sweep_id, planned=len(plan), written=0, prior_outcomes=prior_outcomes)
         sink = sinks.RecordSink(self.out_dir)
         progress = _Progress({k: len(by_device.get(k, [])) for k in agents}, self.show_progress)
         lock = threading.Lock()
 
+        stop = self._stop
+
         def record(key: str, row: dict) -> None:
+            if stop.is_set():  # interrupted: this trial runs again on --resume
+                raise _Stopping("the sweep is stopping")
             sink.add(row)
             with lock:
                 result.outcomes[row["outcome"]] += 1
                 result.written += 1
             progress.update(key, row["outcome"])
+            if sink.disk_full:  # the record is kept (memory, then a fallback file): take no more trials
+                stop.set()
+                raise _Stopping("no space left for the records")
 
         shared = SweepContext(self.config, self.out_dir, sweep_id, inputs, payloads, record)
         runs = [DeviceRun(shared, DeviceWork(key, slot_by_key[key], agents[key], trials, offsets[key],
@@ -223,15 +232,18 @@ class Sweep:
         errors: list[BaseException] = []
         interrupted = False
         try:
-            _run_in_parallel(runs, result, errors)
-        except BaseException:  # KeyboardInterrupt (SIGINT): the dataset is partial
-            interrupted = True
+            _run_in_parallel(runs, result, errors, stop, lambda: _kill_agents(agents))
+            errors[:] = [e for e in errors if not isinstance(e, _Stopping)]
+        except BaseException as exc:  # KeyboardInterrupt (a signal): the dataset is partial
+            interrupted = isinstance(exc, KeyboardInterrupt)
             raise
         finally:
             try:
-                sink.close()  # raises SinkError if records had to be kept as JSON lines
+                sink.close()  # raises SinkError if records had to be kept elsewhere (full disk)
             finally:
                 progress.close()
+                if not interrupted and not sink.last_error:
+                    result.not_run.extend(self._missing(plan, result.not_run))
                 manifest["status"] = ("interrupted" if interrupted else
                                       "complete" if not result.not_run and not errors and not sink.last_error
                                       else "incomplete")
@@ -240,6 +252,12 @@ class Sweep:
         if errors:
             raise errors[0]
         return result
+
+    def _missing(self, plan: Plan, not_run: list[str]) -> list[str]:
+        """Planned trials neither on disk nor listed as not run: never call such a dataset complete."""
+        on_disk = sinks.completed_trial_ids(self.out_dir)
+        known = on_disk.union(not_run)
+        return [tid for tid in plan.column("trial_id") if tid not in known]
 
     def _prepare_agents(self, slot_by_key: dict, agents: dict, payloads: dict) -> tuple[dict, dict]:
         """Probe every agent's device, load every workload once (a bad model is an
@@ -259,11 +277,12 @@ class Sweep:
                    for k, a in agents.items()}
         return probes, offsets
 
-    def _start_dataset(self, sweep_id: str, plan: list[TrialSpec], probes: dict, offsets: dict,
+    def _start_dataset(self, sweep_id: str, plan: Plan, probes: dict, offsets: dict,
                        existing: dict) -> dict:
         """Write plan.parquet (once) and the manifest, status "running"; returns the manifest."""
-        plan_sha = hashlib.sha256(json.dumps([t.to_dict() for t in plan], sort_keys=True).encode()).hexdigest()
-        if existing and existing.get("plan_sha256") != plan_sha:
+        plan_sha = plan_sha256(plan)
+        if existing and existing.get("plan_sha256") != plan_sha and (
+                existing.get("plan_hash") == PLAN_HASH or existing.get("plan_sha256") != legacy_plan_sha256(plan)):
             raise SweepInputError(f"{self.out_dir}: the plan for the current devices differs from the recorded "
                                   "one (devices changed?); resume needs the same devices")
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -276,12 +295,12 @@ class Sweep:
                        "clock": "time.monotonic_ns (driver monotonic)"},
             "agents": {k: {**probes[k], "clock_offset_ns": o.offset_ns, "clock_uncertainty_ns": o.uncertainty_ns}
                        for k, o in offsets.items()},
-            "plan_sha256": plan_sha, "planned_trials": len(plan), "status": "running",
+            "plan_sha256": plan_sha, "plan_hash": PLAN_HASH, "planned_trials": len(plan), "status": "running",
             "resumed": existing.get("resumed", 0) + (1 if self.resume else 0),
         }
         write_json_atomic(self.out_dir / sinks.MANIFEST, manifest)
         if not (self.out_dir / sinks.PLAN_FILE).exists():
-            plan_table = pa.Table.from_pylist([t.to_dict() for t in plan])
+            plan_table = plan_table_of(plan)
             write_atomic(self.out_dir / sinks.PLAN_FILE, lambda tmp: pq.write_table(plan_table, tmp))
         return manifest
 
@@ -300,8 +319,28 @@ class Sweep:
         return out
 
 
-def _run_in_parallel(runs: list[DeviceRun], result: SweepResult, errors: list[BaseException]) -> None:
-    """One thread per device; an exception is kept and raised after every device finished."""
+class _Stopping(Exception):
+    """Raised in a device thread by the record callback: the sweep takes no more trials."""
+
+
+def _kill_agents(agents: dict) -> None:
+    for a in agents.values():
+        try:
+            ray.kill(a)
+        except Exception:
+            pass
+
+
+def _run_in_parallel(runs: list[DeviceRun], result: SweepResult, errors: list[BaseException],
+                     stop: threading.Event | None = None, on_interrupt=None, grace_s: float = 30.0) -> None:
+    """One thread per device; an exception is kept and raised after every device finished.
+
+    Interrupted (a signal in this, the main thread): ``stop`` is set, so no
+    record is taken any more, ``on_interrupt`` ends the agents (their trials
+    in flight fail at once), and the device threads are given ``grace_s`` to
+    leave before the interrupt goes on; none of them prints or records on the
+    way out.
+    """
     def target(run: DeviceRun) -> None:
         try:
             result.not_run.extend(run.run())
@@ -312,9 +351,19 @@ def _run_in_parallel(runs: list[DeviceRun], result: SweepResult, errors: list[Ba
     threads = [threading.Thread(target=target, args=(r,), name=f"device-{r.key}", daemon=True) for r in runs]
     for th in threads:
         th.start()
-    for th in threads:
-        while th.is_alive():
-            th.join(timeout=0.5)
+    try:
+        for th in threads:
+            while th.is_alive():
+                th.join(timeout=0.5)
+    except BaseException:
+        if stop is not None:
+            stop.set()
+        if on_interrupt is not None:
+            on_interrupt()
+        deadline = time.monotonic() + grace_s
+        for th in threads:
+            th.join(timeout=max(0.0, deadline - time.monotonic()))
+        raise
 
 
 def run_sweep(config: SweepConfig, out_dir: Path, **kwargs) -> SweepResult:

@@ -12,6 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from cancelbench.fileio import write_atomic
+from cancelbench.inputs import non_negative_int, positive_finite
 from cancelbench.sink import DatasetError, partial_reason
 
 from .load import Filters
@@ -32,11 +34,7 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
+_positive = positive_finite  # a finite number > 0: "inf" and "nan" are refused
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -60,7 +58,8 @@ def _filters(args: argparse.Namespace) -> Filters:
 
 
 def _write(path: str, text: str) -> None:
-    Path(path).write_text(text, encoding="utf-8")
+    """Write a report file whole or not at all (a full disk leaves no truncated page behind)."""
+    write_atomic(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def _fail(command: str, exc: BaseException) -> int:
@@ -85,7 +84,7 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="PATH", help="also write the self-contained HTML page here")
     p.add_argument("--bound-percentile", type=_percent, default=0.99, metavar="PCT",
                    help="percentile compared with the bound (default 99)")
-    p.add_argument("--max-defects", type=int, default=50, help="defects listed in text forms (JSON lists all)")
+    p.add_argument("--max-defects", type=non_negative_int, default=50, help="defects listed in text forms (JSON lists all)")
     p.add_argument("--engine", choices=("pandas", "ray"), default="pandas",
                    help="aggregate with pandas on this machine (default) or on Ray Data")
     p.add_argument("--ray-address", default=None,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -55,7 +56,11 @@ def svg_text(fig: Figure, name: str) -> str:
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": name, "text.usetex": False,
                                 "font.family": "sans-serif"}):
         # No bbox_inches="tight": it draws the figure twice; margins are set in inches (``margins``) instead.
-        fig.savefig(buf, format="svg", dpi=100, metadata={"Date": None})
+        with warnings.catch_warnings():
+            # The SVG keeps text as text (svg.fonttype none): the browser draws CJK and emoji names with
+            # its own fonts; matplotlib's font only measures them, so its missing-glyph warnings are noise.
+            warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from (current )?font")
+            fig.savefig(buf, format="svg", dpi=100, metadata={"Date": None})
     text = buf.getvalue()
     return text[text.index("<svg"):]  # drop the XML prolog and doctype: invalid inside HTML
 

@@ -62,8 +62,8 @@ class BoundSpec:
             value = float(ms)
         except ValueError:
             raise ValueError(f"bad bound override {text!r}: {ms!r} is not a number") from None
-        if not value > 0:
-            raise ValueError(f"bad bound override {text!r}: bound must be > 0")
+        if not 0 < value < float("inf"):
+            raise ValueError(f"bad bound override {text!r}: bound must be a finite number > 0")
         workload, _, phase = target.partition(":")
         return (None if workload in ("", "*") else workload, (phase or None) if phase != "*" else None, value)
 

@@ -48,9 +48,22 @@ period_us = 1000
 """
 
 
+# A sweep still running when its records are on disk, by construction: after a quick workload whose
+# records the timer flushes, the second workload's reference trials each take an hour.
+LONG_PROBE_SWEEP = PROBE_SWEEP.format(trials=4) + """
+[[workload]]
+name = "long"
+engine = "probe"
+duration_us = 3600000000
+period_us = 1000
+"""
+
+
 def test_one_sweep_per_out_and_sigint_leaves_an_interrupted_dataset(tmp_path):
+    """Independent of timing (the signal lands while an hour-long trial runs) and of the SIGINT
+    disposition the test inherited: the command installs its handlers explicitly."""
     out = tmp_path / "out"
-    cfg = write(tmp_path, PROBE_SWEEP.format(trials=400))
+    cfg = write(tmp_path, LONG_PROBE_SWEEP)
     first = start("sweep", "--config", cfg, "--out", out, "--quiet", "--no-summary")
     try:
         lock = out / LOCK_FILE
