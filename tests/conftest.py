@@ -52,6 +52,8 @@ MARKS_BY_TEST = {
     "test_sweep_interrupt.py": {"cluster"},  # `cancelbench sweep` subprocesses
     "test_sweep_failures.py": {"cluster"},  # `cancelbench sweep` subprocesses
     "test_harness.py": {"cluster"},  # benchmarks/harness.py runs a sweep in process
+    "test_signals.py": {"cluster"},  # `cancelbench sweep` subprocesses, signalled
+    "test_full_disk.py": {"cluster"},  # `cancelbench sweep` subprocesses on a small tmpfs
     "test_clean_stdout.py": {"cluster"},  # a real CLI sweep, then reports (also --engine ray)
     "test_trend.py": {"cluster"},  # five real sweeps
     "test_ci_doc.py::test_the_recipe_runs_here": {"cluster"},  # the recipe's sweep, twice

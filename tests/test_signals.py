@@ -16,7 +16,7 @@ import pytest
 
 from cancelbench.sink import read_manifest, read_records
 from test_cli import write
-from test_defects import LONG_PROBE_SWEEP, wait_for
+from test_sweep_interrupt import LONG_PROBE_SWEEP, wait_for
 
 
 def start_sweep(tmp_path, ignore_sigint: bool = False) -> tuple[subprocess.Popen, object]:
