@@ -37,6 +37,7 @@ MARKERS = {
     "vulkan": "runs llama.cpp on the Vulkan backend (lavapipe here)",
     "browser": "renders HTML in headless Chromium",
     "slow": "minutes of compute or gigabytes of disk (field-scale models, a wheel build)",
+    "measure": "a rate measured over many real trials (several sweeps): `make test-all` runs it, not `make test`",
 }
 
 MARKS_BY_FIXTURE = {
@@ -55,9 +56,9 @@ MARKS_BY_TEST = {
     "test_signals.py": {"cluster"},  # `cancelbench sweep` subprocesses, signalled
     "test_full_disk.py": {"cluster"},  # `cancelbench sweep` subprocesses on a small tmpfs
     "test_clean_stdout.py": {"cluster"},  # a real CLI sweep, then reports (also --engine ray)
-    "test_trend.py": {"cluster"},  # five real sweeps
+    "test_trend.py": {"cluster", "measure"},  # five real sweeps
     "test_ci_doc.py::test_the_recipe_runs_here": {"cluster"},  # the recipe's sweep, twice
-    "test_anchors.py::test_event_anchored_cancels_land_in_their_target_phase_under_variance": {"cluster"},
+    "test_anchors.py::test_event_anchored_cancels_land_in_their_target_phase_under_variance": {"cluster", "measure"},
     "test_contract.py::test_diff_of_sweeps_differing_only_in_graph_slice_says_so": {"cluster"},  # two sweeps
     "test_multihost.py::test_local_ray_listens_on_loopback_only": {"cluster"},
     # the sha256 check and the device check run on the agents, after Ray started
