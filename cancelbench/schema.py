@@ -65,9 +65,9 @@ class Column:
 
 
 # Column groups, in record order, with who fills them by default. The record is
-# assembled from these groups (``build_record``): the driver's request gives
-# identity, settings and plan; the agent returns host, receipt, timestamps and
-# result; ``finalize`` derives the rest.
+# assembled from these groups: the driver's half (``driver_half``: identity,
+# settings, plan) and the agent's (``agent_half``: host, receipt, timestamps,
+# result) are merged once (``merge``); ``finalize`` derives the rest.
 GROUPS = {
     "identity": "driver",    # which trial of which sweep
     "host": "agent",         # where it ran (collected once per agent, carried on every row)

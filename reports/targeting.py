@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from .load import Filters, scan_table
 from .sections import Section
 
@@ -73,14 +71,3 @@ def targeting_section(rows: list[Targeting]) -> Section | None:
           "–" if r.in_phase is None else f"{r.in_phase:.0%}", f"{r.in_flight:.0%}", "MISSED" if r.missed else ""]
          for r in aimed],
         key_columns=5, sid="targeting")
-
-
-def targeting_lines(rows: list[Targeting]) -> list[str]:
-    """One line per cell that missed its target (for the terminal headline area)."""
-    return [f"targeting: {r.workload} {r.device_key} {r.mechanism}/{r.delivery} ({r.offset_plan}): "
-            f"{r.in_phase:.0%} in the target phase, {r.in_flight:.0%} in flight (n={r.n}), under {TARGET_SHARE:.0%}"
-            for r in rows if r.missed]
-
-
-def as_frame(rows: list[Targeting]) -> pd.DataFrame:
-    return pd.DataFrame([r.__dict__ for r in rows])
