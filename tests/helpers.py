@@ -35,3 +35,29 @@ def cancel_inside_call(ctl, call_name: str | None = None, when: Callable = lambd
 def cancel_when(ctl, predicate: Callable) -> dict:
     """Land the cancel inside the first native call that starts while ``predicate(ctl.progress)`` holds."""
     return cancel_inside_call(ctl, None, predicate)
+
+
+def rss_kb() -> int:
+    """This process's resident set, in KiB (Linux /proc)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4
+
+
+# A leak grows the resident set on (nearly) every cycle; a one-time growth does not:
+# a compute buffer reserved larger for a graph of a new size, or a malloc arena made for
+# a new thread, steps the resident set up once and it stays flat after. A least-squares
+# slope reads one such step as a leak (CI saw one step of ~7 MB mid-run read as 455 KiB
+# per cycle), so the few largest steps are set aside and the rest averaged.
+ONE_TIME_STEPS = 3
+LEAK_BOUND_KB_PER_CYCLE = 256  # the engines' stated bound: < 256 KiB per cancel/run cycle
+
+
+def leak_kb_per_cycle(rss: list[int], warmup: int = 5, one_time_steps: int = ONE_TIME_STEPS) -> float:
+    """Mean resident-set growth per cycle after ``warmup`` cycles, leaving out the
+    ``one_time_steps`` largest growths."""
+    tail = rss[warmup:]
+    steps = sorted(b - a for a, b in zip(tail, tail[1:]))
+    kept = steps[: len(steps) - one_time_steps]
+    if not kept:
+        raise ValueError(f"need more than {warmup + one_time_steps + 1} cycles, got {len(rss)}")
+    return sum(kept) / len(kept)

@@ -20,7 +20,7 @@ from cancelbench.device_agents.engines import mtmd_ext as X
 from cancelbench.device_agents.engines.base import CancelControl, EngineInputError, Progress
 from cancelbench.device_agents.engines.stt import SttEngine
 
-from helpers import cancel_when
+from helpers import cancel_when, LEAK_BOUND_KB_PER_CYCLE, leak_kb_per_cycle, rss_kb
 
 
 @pytest.fixture(scope="module")
@@ -157,14 +157,6 @@ def test_fresh_engine_matches(asr_paths, clip, reference):
         eng.close()
 
 
-MEMORY_SLOPE_KB_PER_CYCLE = 256
-
-
-def _rss_kb() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4
-
-
 def test_memory_flat_over_30_cancel_run_cycles(asr_paths):
     eng = SttEngine(_workload(asr_paths, max_tokens=4))
     short = str(SF.audio_clip("speech-short"))
@@ -176,12 +168,9 @@ def test_memory_flat_over_30_cancel_run_cycles(asr_paths):
             eng.run(TrialRequest(input=short, mechanism=("abort_callback", "graph_eval")[i % 2]), ctl)
             res, _ = _run(eng, short)
             assert res.outcome == "completed"
-            rss.append(_rss_kb())
-        tail = rss[5:]
-        n = len(tail)
-        mx, my = (n - 1) / 2, sum(tail) / n
-        slope = sum((i - mx) * (y - my) for i, y in enumerate(tail)) / sum((i - mx) ** 2 for i in range(n))
-        assert slope < MEMORY_SLOPE_KB_PER_CYCLE, (slope, rss)
+            rss.append(rss_kb())
+        growth = leak_kb_per_cycle(rss)
+        assert growth < LEAK_BOUND_KB_PER_CYCLE, (growth, rss)
     finally:
         eng.close()
 

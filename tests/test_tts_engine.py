@@ -21,7 +21,7 @@ from cancelbench.datasets import speech_fixtures as SF
 from cancelbench.device_agents.engines.base import CancelControl, EngineInputError, Progress
 from cancelbench.device_agents.engines.tts import WINDOW_FRAMES, TtsEngine
 
-from helpers import cancel_inside_call, cancel_when
+from helpers import cancel_inside_call, cancel_when, LEAK_BOUND_KB_PER_CYCLE, leak_kb_per_cycle, rss_kb
 
 TEXT = "Cancel this sentence while it is being spoken."
 FRAMES = WINDOW_FRAMES + 8  # one code2wav window inside generation + a final partial one
@@ -189,13 +189,6 @@ def test_fresh_engine_matches(tts_paths, reference):
         eng.close()
 
 
-def _rss_kb() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4
-
-
-MEMORY_SLOPE_KB_PER_CYCLE = 256  # stated bound: < 256 KiB per cancel/run cycle (least squares)
-
 
 def test_memory_flat_over_30_cancel_run_cycles(tts_paths):
     eng = TtsEngine(_workload(tts_paths, max_frames=6))
@@ -207,13 +200,9 @@ def test_memory_flat_over_30_cancel_run_cycles(tts_paths):
             eng.run(TrialRequest(input=TEXT, mechanism=("abort_callback", "graph_eval")[i % 2]), ctl)
             res, _ = _run(eng)
             assert res.outcome == "completed"
-            rss.append(_rss_kb())
-        tail = rss[5:]  # after warm-up allocations (graph buffers, second mtmd context)
-        n = len(tail)
-        mx = (n - 1) / 2
-        my = sum(tail) / n
-        slope = sum((i - mx) * (y - my) for i, y in enumerate(tail)) / sum((i - mx) ** 2 for i in range(n))
-        assert slope < MEMORY_SLOPE_KB_PER_CYCLE, (slope, rss)
+            rss.append(rss_kb())
+        growth = leak_kb_per_cycle(rss)
+        assert growth < LEAK_BOUND_KB_PER_CYCLE, (growth, rss)
     finally:
         eng.close()
 
