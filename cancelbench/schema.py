@@ -139,6 +139,7 @@ _FIELDS: list[tuple] = [
     ("offset_max_fraction", _F64, "settings", "uniform plan: offsets drawn over [0, this) of the reference duration"),
     ("offset_min_per_phase", _I32, "settings", "phase plan: cancels aimed at each phase, at least"),
     ("offset_fixed_ms_json", _STR, "settings", "fixed plan: the offsets list, JSON"),
+    ("offset_phases_json", _STR, "settings", "phase plans: the target phases asked for, JSON (null: every phase the plan can reach)"),
     ("input_id", _STR, "plan", "id of the prompt/clip from datasets/"),
     ("mechanism", _STR, "plan", "between_calls | abort_callback | chunked | graph_eval"),
     ("delivery", _STR, "plan", "driver (actor call from the driver) | agent (agent-side timer) | none (reference)"),

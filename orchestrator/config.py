@@ -15,6 +15,12 @@ from cancelbench.inputs import MAX_CONFIG_BYTES, expect_choice, expect_name, loa
 from cancelbench.schema import DELIVERIES, SETTINGS_COLUMNS
 
 OFFSET_PLANS = ("immediate", "uniform", "fixed", "phase", "progress", "phase_time")
+# Plans whose cancels are anchored to an engine event (entry into a phase, a step call).
+ANCHORED_PLANS = ("phase", "progress")
+# Plans that aim at a phase (round-robin over the target phases, min_per_phase each).
+# phase_time is the time-anchored phase plan kept for comparison: a fraction of the
+# reference run's time in the phase, converted to ms after hand-back.
+PHASE_PLANS = ANCHORED_PLANS + ("phase_time",)
 
 # Upper bounds, checked before anything runs (README "Sweep configuration", bounds).
 MAX_SEED = 2**62 - 1  # input/offset seeds derive as 2*seed+1/2: still int64
@@ -89,6 +95,20 @@ class OffsetSpec:
     fixed_ms: tuple[float, ...] = ()
     min_per_phase: int = 5  # phase plan: cancels aimed at each phase, at least
     max_fraction: float = 0.9  # uniform: draw over [0, max_fraction) of the reference
+    phases: tuple[str, ...] = ()  # phase plans: aim only at these phases (empty: every one the plan can reach)
+
+    def target_phases(self, engine: str) -> tuple[str, ...]:
+        """The phases this plan aims cancels at on ``engine``, in run order (empty for a
+        plan that aims at no phase)."""
+        if self.plan not in PHASE_PLANS:
+            return ()
+        reachable = ENGINES[engine].plan_phases(self.plan in ANCHORED_PLANS)
+        return tuple(p for p in reachable if p in self.phases) if self.phases else reachable
+
+    def cancels_per_cell(self, trials_per_cell: int, engine: str) -> int:
+        """Cancel trials per (device, workload, mechanism, delivery) cell: a phase plan
+        aims at least min_per_phase at each target phase."""
+        return max(trials_per_cell, self.min_per_phase * len(self.target_phases(engine)))
 
 
 @dataclass(frozen=True)
@@ -129,13 +149,14 @@ class SweepConfig:
         so two sweeps differ in a setting only where it shaped their cancels."""
         off = self.offsets
         cols = {"reference_runs": self.reference_runs, "offset_max_fraction": None,
-                "offset_min_per_phase": None, "offset_fixed_ms_json": None}
+                "offset_min_per_phase": None, "offset_fixed_ms_json": None, "offset_phases_json": None}
         if trial_kind != "cancel":
             return cols
         if off.plan in ("uniform", "phase", "phase_time"):
             cols["offset_max_fraction"] = off.max_fraction
-        if off.plan in ("phase", "progress", "phase_time"):
+        if off.plan in PHASE_PLANS:
             cols["offset_min_per_phase"] = off.min_per_phase
+            cols["offset_phases_json"] = json.dumps(list(off.phases)) if off.phases else None
         elif off.plan == "fixed":
             cols["offset_fixed_ms_json"] = json.dumps(list(off.fixed_ms))
         return cols
@@ -289,10 +310,16 @@ def _offsets(data: dict) -> OffsetSpec:
     max_fraction = off.get("max_fraction", OffsetSpec.max_fraction)
     if isinstance(max_fraction, bool) or not isinstance(max_fraction, (int, float)) or not 0 < max_fraction <= 2:
         raise ConfigError(f"offsets.max_fraction must be in (0, 2], got {max_fraction!r}")
+    phases = off.get("phases", [])
+    if not isinstance(phases, list) or not all(isinstance(p, str) for p in phases) or len(set(phases)) != len(phases):
+        raise ConfigError("offsets.phases must be a list of distinct phase names")
+    if phases and plan not in PHASE_PLANS:
+        raise ConfigError(f"offsets.phases applies to the phase plans ({', '.join(PHASE_PLANS)}), "
+                          f"not to plan {plan!r}")
     return OffsetSpec(plan=plan, fixed_ms=tuple(float(v) for v in fixed),
                       min_per_phase=_int(off.get("min_per_phase", 5), "offsets.min_per_phase", 1,
                                          MAX_TRIALS_PER_CELL),
-                      max_fraction=float(max_fraction))
+                      max_fraction=float(max_fraction), phases=tuple(phases))
 
 
 def _devices(data: dict) -> DeviceSelector:
@@ -313,6 +340,24 @@ def _devices(data: dict) -> DeviceSelector:
     return DeviceSelector(backends=_names(dev.get("backends", ["cpu"]), "devices.backends", BACKENDS),
                           hosts=tuple(hosts), labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
                           sim_per_host=sim_per_host)
+
+
+def _check_target_phases(config: SweepConfig) -> None:
+    """offsets.phases: every name a phase some workload's plan can aim at, and every
+    workload left with at least one target phase."""
+    off = config.offsets
+    if not off.phases:
+        return
+    anchored = off.plan in ANCHORED_PLANS
+    reachable = {p for w in config.workloads for p in ENGINES[w.engine].plan_phases(anchored)}
+    unknown = [p for p in off.phases if p not in reachable]
+    if unknown:
+        raise ConfigError(f"offsets.phases: {', '.join(unknown)} is not a phase the {off.plan} plan can aim at "
+                          f"in these workloads (can: {', '.join(sorted(reachable))})")
+    for wl in config.workloads:
+        if not off.target_phases(wl.engine):
+            raise ConfigError(f"offsets.phases: workload {wl.name} ({wl.engine} engine) has none of "
+                              f"{', '.join(off.phases)}")
 
 
 def parse_config(data: dict) -> SweepConfig:
@@ -340,6 +385,7 @@ def parse_config(data: dict) -> SweepConfig:
         if real:
             raise ConfigError(f"devices.sim_per_host: simulated devices run only simulated engines; workload(s) "
                               f"{', '.join(real)} use a real engine")
+    _check_target_phases(config)
     for wl in config.workloads:  # before any trial: a cell the engine cannot run is a config error
         lacking = [m for m in config.mechanisms if m not in ENGINES[wl.engine].mechanisms]
         if lacking:
@@ -350,11 +396,7 @@ def parse_config(data: dict) -> SweepConfig:
 
 def trials_per_device(config: SweepConfig) -> int:
     """Planned trials on one device (references + cancels), as build_plan makes them."""
-    per_cell = config.trials_per_cell
-    if config.offsets.plan in ("phase", "progress", "phase_time"):
-        # the anchored plans aim min_per_phase cancels at each phase they can reach
-        per_cell = max(per_cell, config.offsets.min_per_phase * max(
-            len(ENGINES[w.engine].plan_phases(config.offsets.plan)) for w in config.workloads))
+    per_cell = max(config.offsets.cancels_per_cell(config.trials_per_cell, w.engine) for w in config.workloads)
     per_workload = len(config.mechanisms) * (config.reference_runs + len(config.deliveries) * per_cell)
     return per_workload * len(config.workloads)
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from cancelbench.device_agents.engines.registry import ENGINES
 from cancelbench.inputs import safe_component
 from cancelbench.schema import NOT_APPLICABLE, reference_run
 
@@ -55,12 +54,6 @@ class TrialSpec:
 _FIELDS = tuple(f.name for f in fields(TrialSpec))
 
 
-# Plans whose cancels are anchored to an engine event (entry into a phase, a step call).
-ANCHORED_PLANS = ("phase", "progress")
-# Plans that aim at a phase (round-robin over the engine's phases, min_per_phase each).
-# phase_time is the time-anchored phase plan kept for comparison: a fraction of the
-# reference run's time in the phase, converted to ms after hand-back.
-PHASE_PLANS = ANCHORED_PLANS + ("phase_time",)
 
 
 def _stream(seed: int, *parts: str) -> np.random.Generator:
@@ -154,7 +147,7 @@ def build_plan(config: SweepConfig, devices: list[str], inputs: dict[str, list[s
                 continue
             wl_part = _id_part(wl.name)
             ids = inputs[wl.name]
-            phases = ENGINES[wl.engine].plan_phases(offsets.plan)
+            phases = offsets.target_phases(wl.engine)
             # References first (offsets need them) ...
             ref_id, ref_mech, ref_input = [], [], []
             for mech in config.mechanisms:
@@ -174,9 +167,7 @@ def build_plan(config: SweepConfig, devices: list[str], inputs: dict[str, list[s
                 for delivery in config.deliveries:
                     rin = _stream(in_seed, device, wl.name, mech, delivery)
                     roff = _stream(off_seed, device, wl.name, mech, delivery)
-                    n = config.trials_per_cell
-                    if offsets.plan in PHASE_PLANS:
-                        n = max(n, offsets.min_per_phase * len(phases))
+                    n = offsets.cancels_per_cell(config.trials_per_cell, wl.engine)
                     prefix = f"{dev_part}.{wl_part}.{mech}.{delivery}."
                     c_id += [f"{prefix}{k:04d}" for k in range(n)]
                     c_mech += [mech] * n
@@ -237,10 +228,7 @@ def planned_trials(config: SweepConfig, devices: list[str]) -> int:
         for wl in config.workloads:
             if wl.backends and backend not in wl.backends:
                 continue
-            per_cell = config.trials_per_cell
-            if config.offsets.plan in PHASE_PLANS:
-                per_cell = max(per_cell, config.offsets.min_per_phase
-                               * len(ENGINES[wl.engine].plan_phases(config.offsets.plan)))
+            per_cell = config.offsets.cancels_per_cell(config.trials_per_cell, wl.engine)
             total += n_mech * (config.reference_runs + len(config.deliveries) * per_cell)
     return total
 

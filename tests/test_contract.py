@@ -46,7 +46,7 @@ def test_every_column_has_a_group_and_an_owner_and_the_halves_cover_the_record()
     assert not derived & (AGENT_COLUMNS | DRIVER_COLUMNS)
     # the settings the issue names are columns, so two sweeps that differ in them diff as different
     for name in ("graph_slice_us", "prompt_tokens", "max_frames", "temp", "top_k", "sampling_seed",
-                 "offset_max_fraction", "offset_min_per_phase", "offset_fixed_ms_json", "n_threads", "model_sha256"):
+                 "offset_max_fraction", "offset_min_per_phase", "offset_fixed_ms_json", "offset_phases_json", "n_threads", "model_sha256"):
         assert name in SETTINGS_COLUMNS, name
 
 

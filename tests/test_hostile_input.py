@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cancelbench.inputs import safe_component
-from cancelbench.orchestrator.config import SweepConfig, WorkloadSpec
+from cancelbench.orchestrator.config import OffsetSpec, SweepConfig, WorkloadSpec
 from cancelbench.orchestrator.plan import build_plan, device_id_part
 from cancelbench.sink import sanitize_path_part
 from report_fixtures import cell_rows, write_dataset
@@ -31,6 +31,22 @@ def one_line_exit_2(r, *needles: str) -> str:
 
 
 # ------------------------------------------------------------------- names: injective ids and partitions
+
+def test_a_phase_plan_aims_only_at_the_phases_asked_for():
+    """offsets.phases narrows the round-robin: the field benchmark aims its cancels at TTS
+    prompt and code2wav only, min_per_phase each, in every cell."""
+    tts = WorkloadSpec(name="tts", engine="tts", model="fixture:qwen3tts-fixture", mmproj="fixture:qwen3tts-fixture",
+                       inputs="tts_texts")
+    for plan in ("phase", "progress", "phase_time"):
+        offsets = OffsetSpec(plan=plan, min_per_phase=3, phases=("code2wav", "prompt"))
+        config = SweepConfig(trials_per_cell=1, mechanisms=("between_calls",), deliveries=("agent",),
+                             offsets=offsets, workloads=(tts,))
+        plan_rows = build_plan(config, ["vm/cpu:0"], {"tts": ["x"]})
+        cancels = [t for t in plan_rows if t.trial_kind == "cancel"]
+        assert sorted(t.target_phase for t in cancels) == ["code2wav"] * 3 + ["prompt"] * 3, plan
+        assert offsets.target_phases("tts") == ("prompt", "code2wav")  # run order, whatever the config's order
+        assert config.offset_settings("cancel")["offset_phases_json"] == '["code2wav", "prompt"]'
+
 
 def test_names_that_differ_only_in_punctuation_get_distinct_trial_ids():
     """`a/b` and `a_b` used to share every trial id (both became `a_b`)."""
@@ -128,6 +144,12 @@ BAD_CONFIGS = {
     "empty-workload-list": ("workload = []\n", "workload = [] lists no workload"),
     "long-name": (f'[[workload]]\nname = "{"n" * 300}"\n', "more than the 64 allowed"),
     "control-char-name": ('[[workload]]\nname = "a\\u0007b"\n', "control characters"),
+    "phases-unknown": ('[offsets]\nplan = "phase"\nphases = ["prefil"]\n', "prefil is not a phase the phase plan"),
+    "phases-not-a-phase-plan": ('[offsets]\nplan = "uniform"\nphases = ["prefill"]\n', "applies to the phase plans"),
+    "phases-none-left": ('[offsets]\nplan = "phase"\nphases = ["code2wav"]\n'
+                         '[[workload]]\nname = "t"\n[[workload]]\nname = "s"\nengine = "tts"\n'
+                         'model = "fixture:qwen3tts-fixture"\nmmproj = "fixture:qwen3tts-fixture"\ninputs = "tts_texts"\n',
+                         "workload t (text engine) has none of code2wav"),
 }
 
 

@@ -62,9 +62,10 @@ class EngineSpec:
     # a phase without a native call has nothing for a cancel to land in. None: every phase.
     step_phases: tuple[str, ...] | None = None
 
-    def plan_phases(self, plan: str) -> tuple[str, ...]:
-        """The phases an offset plan aims its cancels at, in run order."""
-        return self.step_phases or self.phases if plan in ("phase", "progress") else self.phases
+    def plan_phases(self, anchored: bool) -> tuple[str, ...]:
+        """The phases an offset plan can aim its cancels at, in run order: an anchored
+        plan (``config.ANCHORED_PLANS``) only those with a native call to land in."""
+        return self.step_phases or self.phases if anchored else self.phases
 
     def make(self, workload: dict):
         module, cls = self.factory.split(":")
