@@ -1,69 +1,50 @@
-"""The field report's table at field scale: Qwen3-TTS-0.6B / Qwen3-ASR-0.6B random-weight models (Q8_0), CPU.
+"""The field reports' table at field scale, through the sweep path.
 
-One run, side by side with the numbers the field reports measured
-(``../shared/context``: llamadart on an Apple M4 Max, Qwen3-TTS-12Hz-1.7B Q4_K_M /
-Qwen3-ASR): per engine phase and mechanism the call duration, in-flight
-cancel latency p50 / p99 / max, uninterruptible share and cost ratio (the
-helpers of ``bench_speech.py``); the code2wav window duration at 1920 samples
-per frame (every window call computes a full 72-frame graph: clip.cpp pads the
-codes to ``wav_tfm_swa`` frames); a cancel issued before the engine is active
-(plan ``immediate``), latched by the product vs an *emulated* status quo that
-drops it (this benchmark only: the cancel is never delivered, the synthesis
-runs to the end and the caller discards it, as llamadart did before #596);
-and the largest single graph node per clip graph (``bench_speech.node_profile``).
+Random-weight Qwen3-TTS-0.6B / Qwen3-ASR-0.6B models (Q8_0), CPU, side by side
+with the numbers the field reports measured (``../shared/context``: llamadart on
+an Apple M4 Max, Qwen3-TTS-12Hz-1.7B Q4_K_M / Qwen3-ASR).
 
-The TTS trials are short (``--frames`` frames, then the final code2wav window),
-because one frame costs seconds on a shared 2-core machine; the window, the
-phase of interest, is full size in every trial. JSON: benchmarks/results/field.json.
+**Trials** run through ``harness.run`` (a local Ray, one CPU agent, records in
+``benchmarks/results/field/``, ``benchmarks/configs/field.toml``): event-anchored
+cancels (plan ``phase``) aimed at TTS ``prompt`` and ``code2wav`` (the 72-frame
+window, no check inside) and STT ``encode`` and ``decode_embd``, at least 20 in
+flight per (engine, phase, mechanism) cell. Every figure of the table comes from
+those records: n, p50 and p90 with distribution-free 95% intervals
+(``reports.stats.percentile_interval``; a side n samples cannot bound is open),
+the max, the cost ratio, and the share of cancels that landed in their target
+phase. ``cancelbench report benchmarks/results/field/`` prints the same cells.
 
-Not through the sweep path (issue 15, item 5: not converted). What still
-bypasses it, and why:
+**Calibrations** (in-process, not trials; ``--no-calibrations`` skips them):
+a cancel issued before the engine is active, latched by the product, against an
+*emulated* status quo that drops it (the cancel is never delivered and the
+synthesis runs to its end: no product mechanism drops a cancel, so a sweep
+cannot run it), and the largest single graph node per clip graph
+(``bench_speech.node_profile``, under a Python eval callback).
 
-* every cancel trial and reference run: ``bench_speech``'s in-process loop
-  (engines built here, cancels aimed at a native call in flight by a progress
-  predicate; no Ray, no records, no dataset), for the reasons in
-  ``bench_speech.py``'s docstring: the sweep aims by time, and at field scale
-  (trials of 10-60 s on 2 shared cores, reference runs and cancel trials 2-5x
-  apart) time-aimed cancels miss their phase; event-anchored offset plans are
-  being added to the planner in parallel;
-* the dropped-cancel status quo: *emulated* here (the cancel is never
-  delivered and the synthesis runs to its end); no product mechanism drops a
-  cancel, so a sweep cannot run it, by design;
-* the node profile and the code2wav window timing: calibrations under a
-  Python eval callback, not trials.
-
-The one field-scale run through Ray is a plain sweep
-(``cancelbench sweep --config datasets/sweeps/field.toml``); its dataset was
-not kept (``docs/benchmarks.md``).
-
-    python benchmarks/bench_field.py [--trials 2] [--refs 1] [--frames 1] [--threads 2]
+    python benchmarks/bench_field.py [--trials N] [--force | --resume] [--note TEXT] [--no-calibrations]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import random
-import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_speech as BS  # noqa: E402  (the speech benchmark's helpers, shared)
+import harness  # noqa: E402
 
-from cancelbench.request import TrialRequest
 from cancelbench import native  # noqa: E402
 from cancelbench.datasets import field  # noqa: E402
 from cancelbench.datasets import speech_fixtures as SF  # noqa: E402
-from cancelbench.device_agents.engines.stt import SttEngine  # noqa: E402
-from cancelbench.device_agents.engines.tts import TtsEngine  # noqa: E402
-from cancelbench.fileio import write_json_atomic  # noqa: E402
+from cancelbench.reports import stats  # noqa: E402
+from cancelbench.request import TrialRequest  # noqa: E402
 
+NAME = "field"
 TTS_TEXT = "Stop the speech now."
+MIN_IN_FLIGHT = 20  # the issue's floor per (engine, phase, mechanism) cell
 
 # The field reports' numbers (../shared/context/*.txt), quoted with their setup.
 FIELD = {
@@ -81,35 +62,66 @@ FIELD = {
 }
 
 
-# ----------------------------------------------------------------------------- TTS at field scale
 
-def tts_targets() -> dict:
-    """bench_speech's TTS targets, with ``generate`` aimed at any frame (the trials are short)."""
-    t = dict(BS.TTS_TARGETS)
-    t["generate"] = lambda p: p.phase == "generate" and p.native_call is not None
-    return t
+# ----------------------------------------------------------------------------- cells from records
+
+def _interval(values, p: float) -> dict | None:
+    """The nearest-rank percentile and its 95% interval, or None below the report's minimum count."""
+    if len(values) < stats.min_samples(p):
+        return None
+    lo, hi = stats.percentile_interval(values, p)
+    return {"value": stats.percentile(values, p), "ci95": [lo, hi]}
 
 
-def tts_reference(engine: TtsEngine, mech: str, refs: int) -> dict:
-    """Uncancelled runs: phase and call durations; the code2wav call is the final (full-size) window."""
-    runs, polls, native_ms = [], [], []
-    for _ in range(refs):
-        ctl = BS._ctl()
-        r = engine.run(TrialRequest(input=TTS_TEXT, mechanism=mech), ctl)
-        assert r.outcome == "completed", r.outcome
-        runs.append(r)
-        if mech == "graph_eval":
-            polls.append(ctl.token.polls)
-            native_ms.append(sum(s["ms"] for s in r.output["steps"]))
-    steps = [s for r in runs for s in r.output["steps"]]
-    call = {"set_input": statistics.median([r.phase_durations_ms["set_input"] for r in runs]),
-            "prompt": statistics.median([s["ms"] for s in steps if s["phase"] == "prompt"]),
-            "generate": statistics.median([s["ms"] for s in steps if s["phase"] == "generate" and not s.get("eos")]),
-            "code2wav": statistics.median([s["ms"] for s in steps if s["code2wav"]])}
-    out = BS._ref_summary(runs, call, polls, native_ms)
-    out["n_samples"] = runs[0].output.get("n_samples")
-    out["samples_per_frame"] = runs[0].output["samples_per_frame"]
-    return out
+def in_flight_cells(out: Path) -> list[dict]:
+    """Per (workload, target phase, mechanism, delivery): the cancel trials, how many landed in
+    their target phase inside a native call (in flight), and the latency of those (n, p50 / p90
+    with 95% intervals, max, cost ratio p50 with its interval)."""
+    from cancelbench.sink import read_records
+
+    df = read_records(out)
+    c = df[df.trial_kind == "cancel"]
+    cells = []
+    for (wl, phase, mech, deliv), g in c.groupby(["workload", "target_phase", "mechanism", "delivery"], sort=True):
+        landed = g[(g.phase_at_receipt == phase) & g.native_call_at_receipt.notna()]
+        ok = landed[(landed.outcome == "cancelled") & landed.latency_ms.notna()]
+        lat = sorted(ok.latency_ms.astype(float))
+        cost = sorted(ok.cost_ratio.dropna().astype(float))
+        cells.append({
+            "workload": wl, "phase": phase, "mechanism": mech, "delivery": deliv,
+            "cancel_trials": int(len(g)), "landed_in_flight": int(len(landed)),
+            "landed_share": round(len(landed) / len(g), 3) if len(g) else None,
+            "outcomes": {k: int(v) for k, v in g.outcome.value_counts().items()},
+            "n": len(lat), "enough": len(lat) >= MIN_IN_FLIGHT,
+            "p50_ms": _interval(lat, 0.5), "p90_ms": _interval(lat, 0.9), "max_ms": lat[-1] if lat else None,
+            "cost_ratio_p50": _interval(cost, 0.5),
+            "native_calls": sorted(landed.native_call_at_receipt.unique().tolist()),
+        })
+    return cells
+
+
+def reference_stays(out: Path) -> dict:
+    """Per (workload, mechanism): the reference runs' time in each phase, ms (median over the runs)."""
+    import json
+    import statistics
+
+    from cancelbench.sink import read_records
+
+    df = read_records(out, columns=["trial_kind", "workload", "mechanism", "outcome", "duration_ms",
+                                    "phase_timeline_json"])
+    refs = df[(df.trial_kind == "reference") & (df.outcome == "completed")]
+    out_: dict = {}
+    for (wl, mech), g in refs.groupby(["workload", "mechanism"], sort=True):
+        per_phase: dict[str, list[float]] = {}
+        for tl in g.phase_timeline_json.dropna():
+            stay: dict[str, float] = {}
+            for phase, a, b in json.loads(tl):
+                stay[phase] = stay.get(phase, 0.0) + (b - a)
+            for phase, ms in stay.items():
+                per_phase.setdefault(phase, []).append(ms)
+        out_[f"{wl}/{mech}"] = {"runs": int(len(g)), "duration_ms": statistics.median(g.duration_ms.astype(float)),
+                                "phase_ms": {k: statistics.median(v) for k, v in per_phase.items()}}
+    return out_
 
 
 # ----------------------------------------------------------------------------- immediate cancel
@@ -154,31 +166,32 @@ def immediate_cells(run_trial, ref_ms: float, n_latched: int, n_dropped: int) ->
             "dropped_cost_ratio": [round(c / f, 3) for c, f in pairs]}
 
 
-# ----------------------------------------------------------------------------- one engine
+def calibrations(threads: int, n_latched: int, n_dropped: int) -> dict:
+    """In-process, not trials: immediate cancels (latched vs emulated dropped) and the node profile."""
+    from cancelbench.device_agents.engines.stt import SttEngine
+    from cancelbench.device_agents.engines.tts import TtsEngine
 
-def run_engine(kind: str, engine, mechs: list[str], args, rng: random.Random) -> dict:
+    paths = {"tts": field.ensure_set(field.FIELD_TTS.name, progress=True),
+             "asr": field.ensure_set(field.FIELD_ASR.name, progress=True)}
     clip = str(SF.audio_clip("speech-medium"))
-    if kind == "tts":
-        def trial(ctl, m):
-            return engine.run(TrialRequest(input=TTS_TEXT, mechanism=m), ctl)
-        targets = tts_targets()
-    else:
-        def trial(ctl, m):
-            return engine.run(TrialRequest(input=clip, mechanism=m), ctl)
-        targets = BS.STT_TARGETS
-    out = {"describe": engine.describe(), "mechanisms": {}}
-    for mech in mechs:
-        t0 = time.monotonic()
-        ref = (tts_reference(engine, mech, args.refs) if kind == "tts"
-               else BS.stt_reference(engine, mech, args.refs, clip))
-        cells = BS.cancel_trials(lambda ctl, m=mech: trial(ctl, m), targets, ref, args.trials, rng)
-        out["mechanisms"][mech] = {"reference": ref, "phases": cells, "wall_s": round(time.monotonic() - t0, 1)}
-        print(f"{kind} {mech} ({time.monotonic() - t0:.0f} s): {json.dumps(BS.summary_line(cells))}",
-              file=sys.stderr, flush=True)
-    ref_ms = out["mechanisms"][mechs[0]]["reference"]["reference_ms"]
-    n_drop = args.dropped if kind == "tts" else min(1, args.dropped)
-    out["immediate"] = immediate_cells(lambda ctl: trial(ctl, mechs[0]), ref_ms, args.trials, n_drop)
-    print(f"{kind} immediate: {json.dumps(out['immediate'])}", file=sys.stderr, flush=True)
+    out: dict = {"threads": threads}
+    tts = TtsEngine({"engine": "tts", "model": str(paths["tts"]["model"]), "mmproj": str(paths["tts"]["mmproj"]),
+                     "n_threads": threads, "n_batch": 32, "max_frames": 1})
+    try:
+        run = lambda ctl: tts.run(TrialRequest(input=TTS_TEXT, mechanism="between_calls"), ctl)  # noqa: E731
+        ref = run(BS._ctl())
+        out["tts_immediate"] = immediate_cells(run, (ref.t_terminal_ns - ref.t_start_ns) / 1e6, n_latched, n_dropped)
+    finally:
+        tts.close()
+    stt = SttEngine({"engine": "stt", "model": str(paths["asr"]["model"]), "mmproj": str(paths["asr"]["mmproj"]),
+                     "n_threads": threads, "n_batch": 256, "chunk_tokens": 16, "max_tokens": 10})
+    try:
+        run = lambda ctl: stt.run(TrialRequest(input=clip, mechanism="between_calls"), ctl)  # noqa: E731
+        ref = run(BS._ctl())
+        out["stt_immediate"] = immediate_cells(run, (ref.t_terminal_ns - ref.t_start_ns) / 1e6, n_latched, 0)
+    finally:
+        stt.close()
+    out["node_profile"] = BS.node_profile(paths, threads, clip)
     return out
 
 
@@ -188,104 +201,108 @@ def _rng(lo_hi) -> str:
     return f"{lo_hi[0]:g}-{lo_hi[1]:g}"
 
 
-def _r(x, nd=1):
-    return None if x is None else round(x, nd)
+def _ms(x) -> str:
+    return "-" if x is None else (f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2f}")
 
 
-def comparison(result: dict) -> list[dict]:
-    """The README table: one row per field-report measurement, the field's number next to ours."""
+def _fig(iv: dict | None) -> str:
+    """p with its 95% interval: "21 [14-40]"; an open side is shown as "..."."""
+    if iv is None:
+        return "n too small"
+    lo, hi = iv["ci95"]
+    return f"{_ms(iv['value'])} [{_ms(lo) if lo is not None else '...'}-{_ms(hi) if hi is not None else '...'}]"
+
+
+def _cell_text(cell: dict) -> str:
+    return (f"p50 {_fig(cell['p50_ms'])}, p90 {_fig(cell['p90_ms'])}, max {_ms(cell['max_ms'])} ms "
+            f"(n={cell['n']} in flight of {cell['cancel_trials']})")
+
+
+def comparison(cells: list[dict], stays: dict, cal: dict | None) -> list[dict]:
+    """The docs table: one row per field-report measurement, the field's number next to ours."""
     rows = []
-    tts, stt = result["engines"].get("tts"), result["engines"].get("stt")
-    if tts:
-        m = tts["mechanisms"]
-        first = next(iter(m.values()))["reference"]
-        c2w = {k: v["phases"].get("code2wav", {}) for k, v in m.items()}
+    by = {(c["workload"], c["phase"], c["mechanism"]): c for c in cells}
+    c2w = sorted({s["phase_ms"].get("code2wav") for k, s in stays.items() if k.startswith("tts-field/")} - {None})
+    if c2w:
         rows.append({"row": "TTS code2wav window (72 frames, 1920 samples/frame), CPU",
                      "field": f"{_rng(FIELD['code2wav_window_ms_cpu'])} ms (cancel waits for it)",
-                     "cancelbench": f"{_r(first['call_ms']['code2wav'], 0)} ms per window call (a full 72-frame "
-                                    f"graph, {72 * first['samples_per_frame']:,} samples; {first['n_samples']} "
-                                    f"returned for the trial's frames)"})
-        for mech, cell in c2w.items():
-            lat = cell.get("latency_ms", {})
-            rows.append({"row": f"TTS cancel in flight in code2wav, `{mech}` (p50 / max)",
-                         "field": f"{_rng(FIELD['code2wav_window_ms_cpu'])} ms (no check inside)",
-                         "cancelbench": f"{_r(lat.get('p50'))} / {_r(lat.get('max'))} ms (n={cell.get('n')})"})
-        imm = tts["immediate"]
-        rows.append({"row": "TTS cancel before the engine is active: status quo (dropped)",
+                     "cancelbench": f"{_ms(c2w[0])}-{_ms(c2w[-1])} ms in code2wav per reference run "
+                                    f"(median of 3 per mechanism)"})
+    for (wl, phase, mech), c in sorted(by.items()):
+        field_col = {("tts-field", "code2wav"): f"{_rng(FIELD['code2wav_window_ms_cpu'])} ms (no check inside)",
+                     ("stt-field", "decode_embd"): f"decode call {_rng(FIELD['decode_ms']['stt decode_embd'])} ms"
+                     }.get((wl, phase), "not measured")
+        rows.append({"row": f"{wl.split('-')[0].upper()} in-flight cancel in {phase}, `{mech}`",
+                     "field": field_col, "cancelbench": _cell_text(c)})
+    for (wl, phase, mech), c in sorted(by.items()):
+        if wl == "stt-field" and c["cost_ratio_p50"]:
+            rows.append({"row": f"STT cancel cost / reference run, in {phase}, `{mech}` (p50)",
+                         "field": f"{_rng([x * 100 for x in FIELD['stt_cost_ratio']])}%",
+                         "cancelbench": f"{_fig({**c['cost_ratio_p50'], 'value': c['cost_ratio_p50']['value'] * 100, 'ci95': [v * 100 if v is not None else None for v in c['cost_ratio_p50']['ci95']]})} %"})
+    if cal:
+        imm = cal["tts_immediate"]
+        rows.append({"row": "TTS cancel before the engine is active: status quo (dropped, emulated)",
                      "field": f"{_rng(FIELD['immediate_dropped_ms_cpu'])} ms CPU = "
                               f"{_rng([x * 100 for x in FIELD['immediate_dropped_cost_ratio']])}% of a synthesis",
-                     "cancelbench": f"{', '.join(f'{d:.0f}' for d in imm['dropped_ms'])} ms = "
-                                    f"{', '.join(f'{x * 100:.0f}' for x in imm['dropped_cost_ratio'])}% of the "
-                                    "synthesis that followed (emulated)"})
-        rows.append({"row": "TTS cancel before the engine is active: latched",
-                     "field": f"{_rng(FIELD['immediate_latched_ms_cpu'])} ms CPU (after #596)",
-                     "cancelbench": f"max {max(imm['latched_ms']):.3f} ms = "
-                                    f"{imm['latched_cost_ratio_max'] * 100:.4f}% of a synthesis"})
-        si = {k: v["phases"].get("set_input", {}) for k, v in m.items()}
-        rows.append({"row": "TTS set_input (one native call, no check inside)",
-                     "field": f"up to ~{FIELD['set_input_uninterruptible_ms_max']} ms",
-                     "cancelbench": f"{_r(first['call_ms']['set_input'])} ms; latency max "
-                                    + ", ".join(f"`{k}` {_r(c.get('latency_ms', {}).get('max'))}"
-                                                for k, c in si.items())})
-    if stt:
-        imm = stt["immediate"]
-        rows.append({"row": "STT cancel cost / full run",
-                     "field": f"{_rng([x * 100 for x in FIELD['stt_cost_ratio']])}%",
-                     "cancelbench": "in flight p50 " + ", ".join(
-                         f"`{k}` {_r((v['phases'].get('decode_embd', {}).get('cost_ratio_p50') or 0) * 100, 2)}%"
-                         for k, v in stt["mechanisms"].items())
-                         + f"; latched {imm['latched_cost_ratio_max'] * 100:.4f}%"})
-        first = next(iter(stt["mechanisms"].values()))["reference"]["call_ms"]
-        rows.append({"row": "STT audio-embedding decode call",
-                     "field": f"{_rng(FIELD['decode_ms']['stt decode_embd'])} ms (8 threads)",
-                     "cancelbench": f"{_r(first['decode_embd'])} ms per batch; encode {_r(first['encode'])} ms"})
-    for g in result.get("node_profile", {}).get("graphs", []):
-        rows.append({"row": f"largest graph node: {g['graph']}", "field": "not measured",
-                     "cancelbench": f"{_r(g['node_ms_max'], 2)} ms (`{g['max_node']}`; {g['nodes_computed']} nodes, "
-                                    f"{_r(g['sum_ms'], 0)} ms)"})
+                     "cancelbench": ", ".join(f"{d:,.0f} ms = {x * 100:.0f}%" for d, x in
+                                              zip(imm["dropped_ms"], imm["dropped_cost_ratio"]))
+                                    + " of the synthesis that followed (calibration, not a trial)"})
+        for eng in ("tts", "stt"):
+            imm = cal[f"{eng}_immediate"]
+            rows.append({"row": f"{eng.upper()} cancel before the engine is active: latched",
+                         "field": f"{_rng(FIELD['immediate_latched_ms_cpu'])} ms CPU (after #596)",
+                         "cancelbench": f"max {max(imm['latched_ms']):.3f} ms of n={len(imm['latched_ms'])} = "
+                                        f"{imm['latched_cost_ratio_max'] * 100:.4f}% of a run (calibration)"})
+        for g in cal["node_profile"].get("graphs", []):
+            rows.append({"row": f"largest graph node: {g['graph']}", "field": "not measured",
+                         "cancelbench": f"{_ms(g['node_ms_max'])} ms (`{g['max_node']}`; {g['nodes_computed']} "
+                                        f"nodes, {_ms(g['sum_ms'])} ms; calibration)"})
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--trials", type=int, default=2, help="cancels per (engine, mechanism, phase)")
-    ap.add_argument("--refs", type=int, default=1, help="uncancelled reference runs per (engine, mechanism)")
-    ap.add_argument("--frames", type=int, default=1, help="TTS frames per trial before the final window")
-    ap.add_argument("--dropped", type=int, default=1, help="emulated dropped-cancel runs (TTS)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--engines", default="tts,stt")
-    ap.add_argument("--mechanisms", default="between_calls,abort_callback,graph_eval")
-    ap.add_argument("--no-node-profile", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "field.json"))
+def main() -> int:
+    ap = harness.arg_parser(NAME, __doc__.splitlines()[0])
+    ap.add_argument("--no-calibrations", action="store_true", help="skip the in-process calibrations")
+    ap.add_argument("--latched", type=int, default=5, help="calibration: latched immediate cancels per engine")
+    ap.add_argument("--dropped", type=int, default=1, help="calibration: emulated dropped-cancel pairs (TTS)")
+    ap.add_argument("--threads", type=int, default=2, help="calibration: llama.cpp threads")
     args = ap.parse_args()
-    rng = random.Random(args.seed)
-    mechs = args.mechanisms.split(",")
-    t0 = time.time()
-    paths = {"tts": field.ensure_set(field.FIELD_TTS.name, progress=True),
-             "asr": field.ensure_set(field.FIELD_ASR.name, progress=True)}
-    result = {"bench": "field", "field_report": FIELD, "args": vars(args), "load_avg_start": os.getloadavg(),
-              "models": {k: {r: p.name for r, p in v.items()} for k, v in paths.items()}, "engines": {}}
-    if "tts" in args.engines:
-        eng = TtsEngine({"engine": "tts", "model": str(paths["tts"]["model"]), "mmproj": str(paths["tts"]["mmproj"]),
-                         "n_threads": args.threads, "n_batch": 32, "max_frames": args.frames})
-        result["engines"]["tts"] = run_engine("tts", eng, mechs, args, rng)
-        eng.close()
-    if "stt" in args.engines:
-        eng = SttEngine({"engine": "stt", "model": str(paths["asr"]["model"]), "mmproj": str(paths["asr"]["mmproj"]),
-                         "n_threads": args.threads, "n_batch": 256, "chunk_tokens": 16, "max_tokens": 10})
-        result["engines"]["stt"] = run_engine("stt", eng, mechs, args, rng)
-        eng.close()
-    if not args.no_node_profile:
-        result["node_profile"] = BS.node_profile(paths, args.threads, str(SF.audio_clip("speech-medium")))
-    result["load_avg_end"] = os.getloadavg()
-    result["wall_s"] = round(time.time() - t0, 1)
-    result["table"] = BS.table(result)
-    result["comparison"] = comparison(result)
-    write_json_atomic(Path(args.out), result)
-    print("\n".join(f"| {r['row']} | {r['field']} | {r['cancelbench']} |" for r in result["comparison"]))
-    print(f"wall {result['wall_s']} s", file=sys.stderr)
+    out, json_path = harness.paths(NAME, args.out)
+    config = harness.config_for(args)
+    machine = harness.machine_facts()
+    field.ensure_set(field.FIELD_TTS.name, progress=True)  # before Ray starts: the agent finds them generated
+    field.ensure_set(field.FIELD_ASR.name, progress=True)
+    try:
+        facts = (harness.previous_run(json_path) if args.resummarise
+                 else harness.run(config, out, force=args.force, json_path=json_path, resume=args.resume))
+    except harness.OutputExists as exc:
+        print(f"bench_field: {exc}", file=sys.stderr)
+        return 2
+    if args.resummarise:
+        config = harness.config_of(out)
+    summary = harness.summarise(out)
+    cells = in_flight_cells(out)
+    stays = reference_stays(out)
+    cal = None
+    if not args.no_calibrations:
+        t0 = time.monotonic()
+        cal = calibrations(args.threads, args.latched, args.dropped)
+        cal["wall_s"] = round(time.monotonic() - t0, 1)
+        cal["load_average_end"] = list(os.getloadavg())
+    rows = comparison(cells, stays, cal)
+    short = [f"{c['workload']}/{c['phase']}/{c['mechanism']}: n={c['n']}" for c in cells if not c["enough"]]
+    harness.write_json(json_path, name=NAME, config=config, run_facts=facts, summary=summary, machine=machine,
+                       extra={"field_report": FIELD, "in_flight_cells": cells, "min_in_flight": MIN_IN_FLIGHT,
+                              "cells_below_min": short, "reference_stays": stays, "calibrations": cal,
+                              "comparison": rows},
+                       note=args.note, default_trials=harness.load_config(args.config).trials_per_cell)
+    print("| measurement | field report | cancelbench |\n|---|---|---|")
+    print("\n".join(f"| {r['row']} | {r['field']} | {r['cancelbench']} |" for r in rows))
+    if short:
+        print(f"bench_field: cells under {MIN_IN_FLIGHT} in-flight cancels: {', '.join(short)}", file=sys.stderr)
+    print(f"wrote {out}/ and {json_path}", file=sys.stderr)
+    return facts["sweep_exit_code"]
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

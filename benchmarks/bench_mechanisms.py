@@ -64,7 +64,7 @@ def main() -> int:
     machine = harness.machine_facts()
     try:
         facts = (harness.previous_run(json_path) if args.resummarise
-                 else harness.run(config, out, force=args.force, json_path=json_path))
+                 else harness.run(config, out, force=args.force, json_path=json_path, resume=args.resume))
     except harness.OutputExists as exc:
         print(f"bench_mechanisms: {exc}", file=sys.stderr)
         return 2

@@ -80,6 +80,8 @@ def arg_parser(name: str, description: str) -> argparse.ArgumentParser:
                     help=f"dataset directory (default benchmarks/results/{name}/; the JSON goes beside it)")
     ap.add_argument("--force", action="store_true", help="replace an existing dataset and JSON")
     ap.add_argument("--note", default="", help="free text stored in the JSON (e.g. why the run is small)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue an interrupted run's dataset (the sweep's --resume: every trial exactly once)")
     ap.add_argument("--resummarise", action="store_true",
                     help="summarise the existing dataset again (no sweep; the run facts come from its JSON)")
     return ap
@@ -91,22 +93,24 @@ def paths(name: str, out: Path | None) -> tuple[Path, Path]:
     return out, out.with_name(out.name + ".json")
 
 
-def run(config: SweepConfig, out: Path, *, force: bool = False, json_path: Path | None = None) -> dict:
+def run(config: SweepConfig, out: Path, *, force: bool = False, json_path: Path | None = None,
+        resume: bool = False) -> dict:
     """Run ``config`` through ``run_sweep`` into ``out``; returns the run facts
     (sweep id, outcomes, exit code, load average at start and end, wall time).
 
     Refuses an ``out`` (or a ``json_path``) that exists unless ``force``; with
-    it, ``out`` is replaced only if it is a cancelbench dataset (or empty). A
-    local Ray this call starts is shut down before it returns.
+    it, ``out`` is replaced only if it is a cancelbench dataset (or empty). With
+    ``resume``, an interrupted run in ``out`` is continued instead (the JSON is
+    written anew). A local Ray this call starts is shut down before it returns.
     """
     import ray
 
     from cancelbench.orchestrator.runner import run_sweep
 
     out = Path(out)
-    if json_path is not None and Path(json_path).exists() and not force:
+    if json_path is not None and Path(json_path).exists() and not (force or resume):
         raise OutputExists(f"{json_path} exists; pass --force to replace it or --out to write elsewhere")
-    if out.exists():
+    if out.exists() and not resume:
         if not force:
             raise OutputExists(f"{out} exists; pass --force to replace it or --out to write elsewhere")
         from cancelbench.sink import MANIFEST, RECORDS_DIR
@@ -117,14 +121,14 @@ def run(config: SweepConfig, out: Path, *, force: bool = False, json_path: Path 
     started_ray = not ray.is_initialized()
     load_start, t0 = _loadavg(), time.monotonic()
     try:
-        result = run_sweep(config, out, progress=False)
+        result = run_sweep(config, out, progress=False, resume=resume)
     finally:
         if started_ray and ray.is_initialized():
             ray.shutdown()
     compact(out)
     return {"sweep_id": result.sweep_id, "planned": result.planned, "written": result.written,
             "outcomes": dict(sorted(result.outcomes.items())), "sweep_exit_code": result.exit_code,
-            "not_run": len(result.not_run), "trials_per_cell": config.trials_per_cell,
+            "not_run": len(result.not_run), "trials_per_cell": config.trials_per_cell, "resumed": resume,
             "load_average_start": load_start, "load_average_end": _loadavg(),
             "wall_s": round(time.monotonic() - t0, 1)}
 

@@ -80,7 +80,7 @@ GROUPS = {
     "partition": "either",   # directory names (sanitized)
 }
 
-_I32, _I64, _F64, _STR = pa.int32(), pa.int64(), pa.float64(), pa.string()
+_I32, _I64, _F64, _STR, _BOOL = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
 
 # (name, type, group, doc[, owner override])
 _FIELDS: list[tuple] = [
@@ -123,6 +123,7 @@ _FIELDS: list[tuple] = [
     ("prompt_tokens", _I32, "settings", "text: prompt length asked for (tokens)"),
     ("max_tokens", _I32, "settings", "generation cap (tokens; tts: frames)"),
     ("n_gpu_layers", _I32, "settings", "layers offloaded to the device (effective: the device default resolved)"),
+    ("use_extra_bufts", _BOOL, "settings", "llama.cpp weight repacking into extra CPU buffer types (AMX, ...); llama.cpp's default is true"),
     ("graph_slice_us", _I32, "settings", "graph_eval: eval-reader work per synchronized node range, us (0 = every node)"),
     ("max_frames", _I32, "settings", "tts: frame cap of one synthesis"),
     ("temp", _F64, "settings", "tts: sampling temperature"),
@@ -254,7 +255,7 @@ def derive(row: dict) -> dict:
     return row
 
 
-_PY_TYPES = {_I32: int, _I64: int, _F64: float, _STR: str}
+_PY_TYPES = {_I32: int, _I64: int, _F64: float, _STR: str, _BOOL: bool}
 
 # The one typed record, generated from the column list above so the two cannot drift.
 # Every field defaults to None (a null column); unknown names are a TypeError.

@@ -60,6 +60,10 @@ class WorkloadSpec:
     prompt_tokens: int = 256
     max_tokens: int = 16
     n_gpu_layers: int | None = None  # None: all layers on GPU devices, none on CPU
+    # llama.cpp's weight repacking into extra CPU buffer types (AMX tiles on x86, ...): on by
+    # default as in llama.cpp; off where a host faults in them (a VM that advertises AMX but
+    # loses tile state: SIGILL in tileloadd, seen at field scale here)
+    use_extra_bufts: bool = True
     backends: tuple[str, ...] = ()  # run only on devices of these backends (empty: all)
     duration_us: int = 200_000  # probe engine
     period_us: int = 1_000  # probe engine
@@ -248,6 +252,8 @@ def _workload(raw: dict, i: int) -> WorkloadSpec:
             _int(kwargs[key], f"{where}.{key}", lo, hi)
     if "backends" in kwargs:
         kwargs["backends"] = _names(kwargs["backends"], f"{where}.backends", BACKENDS)
+    if "use_extra_bufts" in kwargs and not isinstance(kwargs["use_extra_bufts"], bool):
+        raise ConfigError(f"{where}.use_extra_bufts must be true or false, got {kwargs['use_extra_bufts']!r}")
     extra = {k: v for k, v in raw.items() if k in _SPEECH_EXTRA}
     for key, value in extra.items():
         if key in ("lang", "system_prompt") and not isinstance(value, str):

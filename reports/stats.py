@@ -90,6 +90,25 @@ def early_stop_ok(n: int, n_over: int, p: float, confidence: float = DEFAULT_CON
     return round(binom_cdf(n_over, n, 1.0 - p), 12) <= round(1.0 - confidence, 12)
 
 
+def percentile_interval(values, p: float, confidence: float = DEFAULT_CONFIDENCE
+                        ) -> tuple[float | None, float | None] | None:
+    """Distribution-free confidence interval for the true p-quantile: order statistics
+    (x(l), x(u)) with P(x(l) <= q_p <= x(u)) >= confidence, from the binomial count of
+    samples below the quantile, split evenly between the two tails. A side that n
+    samples cannot bound is None (a p99 from 20 samples has no upper bound: the
+    sample maximum is not one). None when there are no samples."""
+    arr = np.sort(np.asarray(list(values), dtype=float))
+    n = len(arr)
+    if not n:
+        return None
+    tail = (1.0 - confidence) / 2.0
+    # lower: the largest l with P(B <= l - 1) <= tail, B ~ Binomial(n, p) samples below q_p
+    lo = max((l for l in range(1, n + 1) if binom_cdf(l - 1, n, p) <= tail), default=None)
+    # upper: the smallest u with P(B <= u - 1) >= 1 - tail
+    up = min((u for u in range(1, n + 1) if binom_cdf(u - 1, n, p) >= 1.0 - tail), default=None)
+    return (float(arr[lo - 1]) if lo else None, float(arr[up - 1]) if up else None)
+
+
 def bootstrap_percentiles(sorted_values: np.ndarray, p: float, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """Bootstrap replicates of the nearest-rank p-th percentile.
 

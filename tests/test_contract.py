@@ -46,7 +46,7 @@ def test_every_column_has_a_group_and_an_owner_and_the_halves_cover_the_record()
     assert not derived & (AGENT_COLUMNS | DRIVER_COLUMNS)
     # the settings the issue names are columns, so two sweeps that differ in them diff as different
     for name in ("graph_slice_us", "prompt_tokens", "max_frames", "temp", "top_k", "sampling_seed",
-                 "offset_max_fraction", "offset_min_per_phase", "offset_fixed_ms_json", "offset_phases_json", "n_threads", "model_sha256"):
+                 "offset_max_fraction", "offset_min_per_phase", "offset_fixed_ms_json", "offset_phases_json", "use_extra_bufts", "n_threads", "model_sha256"):
         assert name in SETTINGS_COLUMNS, name
 
 
@@ -65,7 +65,7 @@ TEXT = WorkloadSpec(name="text-slice", model="fixture:text-llama-57m", prompt_to
                     n_batch=64, chunk_tokens=16, graph_slice_us=700)
 TTS = WorkloadSpec(name="tts-sampling", engine="tts", model="fixture:qwen3tts-fixture",
                    mmproj="fixture:qwen3tts-fixture", inputs="tts_texts", n_threads=1, n_batch=16, chunk_tokens=4,
-                   extra={"max_frames": 2, "temp": 0.7, "top_k": 17, "seed": 4242})
+                   use_extra_bufts=False, extra={"max_frames": 2, "temp": 0.7, "top_k": 17, "seed": 4242})
 
 
 def test_records_carry_every_setting_and_offsets_run_from_the_hand_back(local_ray, tmp_path):
@@ -82,6 +82,7 @@ def test_records_carry_every_setting_and_offsets_run_from_the_hand_back(local_ra
     assert set(text.n_batch) == {64} and set(text.chunk_tokens) == {16}
     assert set(tts.max_frames) == {2} and set(tts.temp) == {0.7} and set(tts.top_k) == {17}
     assert set(tts.sampling_seed) == {4242}
+    assert set(text.use_extra_bufts) == {True} and set(tts.use_extra_bufts) == {False}  # the engine's, as loaded
     assert tts.prompt_tokens.isna().all()  # a text-only setting is no column of a tts trial
     assert set(text.model) == {"text-llama-57m"} and text.mmproj.isna().all()
     assert set(tts.model) == set(tts.mmproj) == {"qwen3tts-fixture"}

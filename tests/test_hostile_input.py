@@ -144,6 +144,7 @@ BAD_CONFIGS = {
     "empty-workload-list": ("workload = []\n", "workload = [] lists no workload"),
     "long-name": (f'[[workload]]\nname = "{"n" * 300}"\n', "more than the 64 allowed"),
     "control-char-name": ('[[workload]]\nname = "a\\u0007b"\n', "control characters"),
+    "extra-bufts-not-bool": ('[[workload]]\nname = "w"\nuse_extra_bufts = "no"\n', "use_extra_bufts must be true or false"),
     "phases-unknown": ('[offsets]\nplan = "phase"\nphases = ["prefil"]\n', "prefil is not a phase the phase plan"),
     "phases-not-a-phase-plan": ('[offsets]\nplan = "uniform"\nphases = ["prefill"]\n', "applies to the phase plans"),
     "phases-none-left": ('[offsets]\nplan = "phase"\nphases = ["code2wav"]\n'

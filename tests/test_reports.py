@@ -99,6 +99,19 @@ def test_binomial_cdf_and_early_stopping():
     assert not stats.early_stop_ok(1000, 10, 0.99)  # at the observed rate: never proven
 
 
+def test_percentile_interval_known_answers_and_coverage():
+    x = np.arange(1.0, 21.0)  # x(k) = k
+    # n = 20, median: P(B <= 5) = 0.021 <= 0.025 < P(B <= 6); P(B <= 14) = 0.979 >= 0.975 > P(B <= 13)
+    assert stats.percentile_interval(x, 0.5) == (6.0, 15.0)
+    assert stats.percentile_interval(x, 0.99) == (19.0, None)  # 20 samples cannot bound a p99 from above
+    assert stats.percentile_interval(x[:3], 0.5) == (None, None)  # nor a median from either side with 3
+    assert stats.percentile_interval([], 0.5) is None
+    # coverage on a known distribution: the true median of U(0, 1) is 0.5
+    rng = np.random.default_rng(3)
+    hits = sum(lo <= 0.5 <= hi for lo, hi in (stats.percentile_interval(rng.random(30), 0.5) for _ in range(2000)))
+    assert hits / 2000 >= 0.94
+
+
 @pytest.mark.parametrize("p, confidence", [(0.5, 0.5), (0.5, 0.75), (0.5, 0.875), (0.5, 0.9375), (0.9, 0.95),
                                            (0.99, 0.95)])
 def test_early_stopping_agrees_with_min_samples_at_the_boundary(p, confidence):

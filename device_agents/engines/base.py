@@ -33,6 +33,7 @@ class LlamaSettings:
     n_ubatch: int
     chunk_tokens: int
     n_gpu_layers: int
+    use_extra_bufts: bool
 
     @classmethod
     def from_workload(cls, workload: dict, *, n_batch: int, chunk_tokens: int, n_ctx: int = 2048) -> LlamaSettings:
@@ -41,7 +42,8 @@ class LlamaSettings:
         s = cls(n_threads=int(workload.get("n_threads", 2)), n_ctx=int(workload.get("n_ctx", n_ctx)),
                 n_batch=n_batch, n_ubatch=int(workload.get("n_ubatch", n_batch)),
                 chunk_tokens=int(workload.get("chunk_tokens", chunk_tokens)),
-                n_gpu_layers=int(workload.get("n_gpu_layers", 0)))
+                n_gpu_layers=int(workload.get("n_gpu_layers", 0)),
+                use_extra_bufts=bool(workload.get("use_extra_bufts", True)))
         if min(s.n_batch, s.n_ubatch, s.chunk_tokens) < 1:
             raise EngineInputError("n_batch, n_ubatch and chunk_tokens must be >= 1")
         return s

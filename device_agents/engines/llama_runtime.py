@@ -123,10 +123,11 @@ def check_gguf(path: Path, what: str = "model") -> Path:
     return path
 
 
-def load_model(path: Path, n_gpu_layers: int) -> llama_cpp.llama_model_p:
+def load_model(path: Path, n_gpu_layers: int, use_extra_bufts: bool = True) -> llama_cpp.llama_model_p:
     ensure_backend()
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = int(n_gpu_layers)
+    mparams.use_extra_bufts = bool(use_extra_bufts)  # weight repacking (AMX, ...): llama.cpp's default is on
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
     if not model:
         raise EngineInputError(f"llama.cpp could not load {path} (truncated or unsupported GGUF?)")

@@ -71,7 +71,7 @@ class SttEngine(LlamaEngine):
 
     def __init__(self, workload: dict) -> None:
         super().__init__(workload)
-        # n_threads, n_ctx, n_batch, n_ubatch, chunk_tokens, n_gpu_layers as attributes
+        # n_threads, n_ctx, n_batch, n_ubatch, chunk_tokens, n_gpu_layers, use_extra_bufts as attributes
         vars(self).update(asdict(LlamaSettings.from_workload(workload, n_batch=256, chunk_tokens=16)))
         self.max_tokens = int(workload.get("max_tokens", 16))
         self.system_prompt = str(workload.get("system_prompt", ""))
@@ -84,7 +84,7 @@ class SttEngine(LlamaEngine):
 
         rt.quiet_logs()
         X.quiet_mtmd_logs()
-        self.model = rt.load_model(model_path, self.n_gpu_layers)
+        self.model = rt.load_model(model_path, self.n_gpu_layers, self.use_extra_bufts)
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_embd_inp = llama_cpp.llama_model_n_embd_inp(self.model)
         self.use_gpu = self.n_gpu_layers > 0
@@ -118,7 +118,7 @@ class SttEngine(LlamaEngine):
     def describe(self) -> dict:
         return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
                 "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_tokens,
-                "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
+                "n_gpu_layers": self.n_gpu_layers, "use_extra_bufts": self.use_extra_bufts, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
                 "graph_slice_us": self.graph_slice_us, "system_prompt": self.system_prompt}
 
     def load_audio(self, path: str):

@@ -50,6 +50,7 @@ class TextEngine(LlamaEngine):
         self.n_ctx = int(workload.get("n_ctx", max(512, self.prompt_tokens + self.max_tokens + 8)))
         self.n_threads = int(workload.get("n_threads", 2))
         self.n_gpu_layers = int(workload.get("n_gpu_layers") or 0)
+        self.use_extra_bufts = bool(workload.get("use_extra_bufts", True))
         if self.prompt_tokens + self.max_tokens > self.n_ctx:
             raise EngineInputError(f"prompt_tokens + max_tokens ({self.prompt_tokens + self.max_tokens}) "
                                    f"exceeds n_ctx {self.n_ctx}")
@@ -57,7 +58,7 @@ class TextEngine(LlamaEngine):
             raise EngineInputError("n_batch, n_ubatch and chunk_tokens must be >= 1")
         path = rt.check_gguf(Path(workload["model"]))
         rt.quiet_logs()
-        self.model = rt.load_model(path, self.n_gpu_layers)
+        self.model = rt.load_model(path, self.n_gpu_layers, self.use_extra_bufts)
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self._sets[False] = self._build_set(None)
         self.batch = rt.Batch(max(self.n_batch, 1))
@@ -74,6 +75,7 @@ class TextEngine(LlamaEngine):
         return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
                 "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_tokens,
                 "prompt_tokens": self.prompt_tokens, "n_gpu_layers": self.n_gpu_layers,
+                "use_extra_bufts": self.use_extra_bufts,
                 "n_threads": self.n_threads, "graph_slice_us": self.graph_slice_us}
 
     def prompt_for(self, text: str) -> list[int]:

@@ -90,7 +90,7 @@ class TtsEngine(LlamaEngine):
 
     def __init__(self, workload: dict) -> None:
         super().__init__(workload)
-        # n_threads, n_ctx, n_batch, n_ubatch, chunk_tokens, n_gpu_layers as attributes
+        # n_threads, n_ctx, n_batch, n_ubatch, chunk_tokens, n_gpu_layers, use_extra_bufts as attributes
         vars(self).update(asdict(LlamaSettings.from_workload(workload, n_batch=32, chunk_tokens=4)))
         self.max_frames = int(workload.get("max_frames", workload.get("max_tokens", 96)))
         self.top_k = int(workload.get("top_k", 50))
@@ -107,7 +107,7 @@ class TtsEngine(LlamaEngine):
 
         rt.quiet_logs()
         X.quiet_mtmd_logs()
-        self.model = rt.load_model(model_path, self.n_gpu_layers)
+        self.model = rt.load_model(model_path, self.n_gpu_layers, self.use_extra_bufts)
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_embd = llama_cpp.llama_model_n_embd(self.model)
         self.use_gpu = self.n_gpu_layers > 0
@@ -152,7 +152,7 @@ class TtsEngine(LlamaEngine):
     def describe(self) -> dict:
         return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
                 "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_frames, "max_frames": self.max_frames,
-                "n_gpu_layers": self.n_gpu_layers, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
+                "n_gpu_layers": self.n_gpu_layers, "use_extra_bufts": self.use_extra_bufts, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
                 "samples_per_frame": self.samples_per_frame, "window_frames": WINDOW_FRAMES,
                 "graph_slice_us": self.graph_slice_us, "temp": self.temp, "top_k": self.top_k,
                 "sampling_seed": self.sampling_seed, "lang": self.lang}
