@@ -272,14 +272,7 @@ def main() -> int:
     machine = harness.machine_facts()
     field.ensure_set(field.FIELD_TTS.name, progress=True)  # before Ray starts: the agent finds them generated
     field.ensure_set(field.FIELD_ASR.name, progress=True)
-    try:
-        facts = (harness.previous_run(json_path) if args.resummarise
-                 else harness.run(config, out, force=args.force, json_path=json_path, resume=args.resume))
-    except harness.OutputExists as exc:
-        print(f"bench_field: {exc}", file=sys.stderr)
-        return 2
-    if args.resummarise:
-        config = harness.config_of(out)
+    config, facts = harness.run_or_resummarise("bench_field", args, config, out, json_path)
     summary = harness.summarise(out)
     cells = in_flight_cells(out)
     stays = reference_stays(out)

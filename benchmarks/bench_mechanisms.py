@@ -62,14 +62,7 @@ def main() -> int:
     out, json_path = harness.paths(NAME, args.out)
     config = harness.config_for(args)
     machine = harness.machine_facts()
-    try:
-        facts = (harness.previous_run(json_path) if args.resummarise
-                 else harness.run(config, out, force=args.force, json_path=json_path, resume=args.resume))
-    except harness.OutputExists as exc:
-        print(f"bench_mechanisms: {exc}", file=sys.stderr)
-        return 2
-    if args.resummarise:  # the config the dataset was run with, not this command line's
-        config = harness.config_of(out)
+    config, facts = harness.run_or_resummarise("bench_mechanisms", args, config, out, json_path)
     summary = harness.summarise(out)
     targets = {f"abort_p99_20x_below_between_calls_{d}": ratio_target(summary["cells"], d)
                for d in config.deliveries}

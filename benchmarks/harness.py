@@ -159,6 +159,23 @@ def compact(out: Path) -> int:
     return removed
 
 
+def run_or_resummarise(name: str, args: argparse.Namespace, config: SweepConfig, out: Path,
+                       json_path: Path) -> tuple[SweepConfig, dict]:
+    """(config, run facts) of the dataset in ``out``: a fresh run of ``config`` (or its
+    ``--resume``), or with ``--resummarise`` the config the dataset was run with and the
+    earlier run's facts. An existing output without --force, or nothing to resummarise:
+    one line, exit 2."""
+    from cancelbench.sink import DatasetError
+
+    try:
+        if args.resummarise:
+            return config_of(out), previous_run(json_path)
+        return config, run(config, out, force=args.force, json_path=json_path, resume=args.resume)
+    except (OutputExists, DatasetError, FileNotFoundError) as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def config_for(args: argparse.Namespace) -> SweepConfig:
     config = load_config(args.config)
     return with_trials(config, args.trials) if args.trials is not None else config
