@@ -37,6 +37,19 @@ def _fraction(text: str) -> float:
 _positive = positive_finite  # a finite number > 0: "inf" and "nan" are refused
 
 
+def _add_bootstrap(p: argparse.ArgumentParser, default: int, what: str) -> None:
+    """--bootstrap (replicates; :func:`_bootstrap` checks them) and --seed."""
+    p.add_argument("--bootstrap", type=int, default=default, help=f"bootstrap replicates {what}(default {default})")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+
+
+def _bootstrap(args: argparse.Namespace) -> int:
+    """--bootstrap, at least 100: fewer make a 95% interval of a few points (one line, exit 2 otherwise)."""
+    if args.bootstrap < 100:
+        raise ValueError("--bootstrap must be at least 100")
+    return args.bootstrap
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bound", type=_positive, default=50.0, metavar="MS", help="latency bound in ms (default 50)")
     p.add_argument("--bound-for", action="append", default=[], metavar="WORKLOAD[:PHASE]=MS",
@@ -158,8 +171,7 @@ def add_diff_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=_positive, default=0.10, metavar="FRACTION",
                    help="relative change of the percentile that counts when significant, as a fraction: "
                         "0.10 = 10%% (default 0.10)")
-    p.add_argument("--bootstrap", type=int, default=4000, help="bootstrap replicates (default 4000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    _add_bootstrap(p, 4000, "")
     p.add_argument("--map-class", action="append", default=[], metavar="BASELINE_CLASS=CANDIDATE_CLASS",
                    help="compare across device classes (platform/arch/backend/device_name), e.g. a Metal baseline "
                         "with a CPU candidate; repeatable")
@@ -175,10 +187,8 @@ def run_diff_cmd(args: argparse.Namespace) -> int:
     from .diff import DiffSpec, diff_to_json, diff_to_markdown, diff_to_terminal, parse_class_map, run_diff
 
     try:
-        if args.bootstrap < 100:
-            raise ValueError("--bootstrap must be at least 100")
         spec = DiffSpec(percentile=args.percentile, rel_threshold=args.threshold, confidence=args.confidence,
-                        n_boot=args.bootstrap, seed=args.seed, bound=_bound_spec(args),
+                        n_boot=_bootstrap(args), seed=args.seed, bound=_bound_spec(args),
                         class_map=parse_class_map(args.map_class), ignore_settings=tuple(args.ignore_setting))
         result = run_diff([args.baseline], [args.candidate], spec, _filters(args))
         from .legend import builds_by_class, builds_legend

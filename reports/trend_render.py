@@ -202,7 +202,7 @@ def trend_to_html(result: TrendResult) -> str:
 
 # ------------------------------------------------------------------------ cli --
 def add_trend_parser(subparsers) -> argparse.ArgumentParser:
-    from .cli import _add_common, _fraction, _percent, _positive
+    from .cli import _add_bootstrap, _add_common, _fraction, _percent, _positive
 
     p = subparsers.add_parser(
         "trend", help="one cell's latency across many sweeps (ordered by build, version, date or a column)",
@@ -223,22 +223,19 @@ def add_trend_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=_positive, default=0.10, metavar="FRACTION",
                    help="p50 change that counts when significant, as a fraction of the smaller side, either "
                         "way (default 0.10: x1.1 up or down)")
-    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap replicates for the intervals (default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    _add_bootstrap(p, 2000, "for the intervals ")
     _add_common(p)
     p.set_defaults(func=run_trend_cmd)
     return p
 
 
 def run_trend_cmd(args: argparse.Namespace) -> int:
-    from .cli import _bound_spec, _fail, _filters, _write
+    from .cli import _bootstrap, _bound_spec, _fail, _filters, _write
     from .github import append_step_summary
 
     try:
-        if args.bootstrap < 100:
-            raise ValueError("--bootstrap must be at least 100")
         spec = TrendSpec(by=args.by, percentile=args.percentile, alpha=args.alpha, rel_threshold=args.threshold,
-                         confidence=args.confidence, n_boot=args.bootstrap, seed=args.seed, bound=_bound_spec(args))
+                         confidence=args.confidence, n_boot=_bootstrap(args), seed=args.seed, bound=_bound_spec(args))
         result = run_trend(args.dirs, spec, _filters(args))
         renders = {"terminal": trend_to_terminal, "markdown": trend_to_markdown, "json": trend_to_json,
                    "html": trend_to_html}
