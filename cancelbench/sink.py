@@ -85,13 +85,10 @@ def read_table(out_dir: Path, columns: list[str] | None = None, filter: ds.Expre
                tries: int = 5) -> pa.Table:
     """Read records as a pyarrow table. A file that vanished between the listing and the read
     (a compaction finishing in another process) means: list again and reread."""
-    for attempt in range(tries):
-        try:
+    for _ in range(tries - 1):
+        with contextlib.suppress(FileNotFoundError):
             return open_dataset(out_dir).to_table(columns=columns, filter=filter)
-        except FileNotFoundError:
-            if attempt == tries - 1:
-                raise
-    raise AssertionError("unreachable")
+    return open_dataset(out_dir).to_table(columns=columns, filter=filter)
 
 
 def read_manifest(out_dir: Path) -> dict:
