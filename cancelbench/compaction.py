@@ -52,7 +52,14 @@ def compacted_from(path: Path) -> list[str]:
     if not path.name.endswith(COMPACTED_SUFFIX):
         return []
     metadata = pq.read_schema(path).metadata or {}
-    return json.loads(metadata.get(COMPACTED_FROM, b"[]"))
+    try:
+        names = json.loads(metadata.get(COMPACTED_FROM, b"[]"))
+    except ValueError:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        # an ArrowInvalid, so every reader reports it as the damaged record file it is
+        raise pa.ArrowInvalid(f"{path}: its footer key {COMPACTED_FROM.decode()} is not a list of file names")
+    return names
 
 
 def _superseded(part: Path, names: frozenset[str]) -> set[str]:

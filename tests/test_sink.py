@@ -7,12 +7,14 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
-from cancelbench.compaction import COMPACTED_SUFFIX, PAUSE_ENV, PAUSE_MARKER, STEPS, compact
+from cancelbench.compaction import COMPACTED_FROM, COMPACTED_SUFFIX, PAUSE_ENV, PAUSE_MARKER, STEPS, compact
 from cancelbench.schema import empty_row
-from cancelbench.sink import (RecordSink, SinkError, completed_trial_ids, read_records, read_table, record_files,
+from cancelbench.sink import (DatasetError, RecordSink, SinkError, completed_trial_ids, read_records, read_table, record_files,
                               write_json_atomic)
 
 
@@ -124,3 +126,12 @@ def test_a_kill_at_any_step_of_compaction_loses_and_duplicates_nothing(tmp_path,
     assert compact(tmp_path / "records")[1] == 2  # what a resumed sweep does at its start and end
     assert read_table(tmp_path).sort_by("trial_id").equals(before)
     assert {p: len(f) for p, f in files_by_partition(tmp_path).items()} == {"host=h0": 1, "host=h1": 1}
+
+
+def test_a_damaged_compaction_footer_is_a_dataset_error_not_a_guess(tmp_path):
+    small_files(dataset(tmp_path), n=2)
+    part = next((tmp_path / "records").rglob("*.parquet")).parent
+    table = pa.table({"trial_id": ["x"]}).replace_schema_metadata({COMPACTED_FROM: b"{not json"})
+    pq.write_table(table, part / f"part-bad{COMPACTED_SUFFIX}")
+    with pytest.raises(DatasetError, match="not a list of file names"):
+        completed_trial_ids(tmp_path)
