@@ -248,6 +248,9 @@ class Sweep:
                 progress.close()
                 try:
                     self._compact(sink)
+                except KeyboardInterrupt:  # a signal during compaction: stopped safely, say interrupted
+                    interrupted = True
+                    raise
                 finally:
                     if not interrupted and not sink.last_error:
                         result.not_run.extend(self._missing(plan, result.not_run))

@@ -106,10 +106,12 @@ def one_file_per_partition(out) -> bool:
     return bool(parts) and all(len([f for f in p.iterdir() if f.is_file()]) == 1 for p in parts)
 
 
-def test_sigkill_mid_compaction_then_resume_leaves_every_trial_once(tmp_path):
-    """The driver is SIGKILLed at the sweep's end between writing the compacted file and removing
-    the small ones (the compaction waits there: CANCELBENCH_TEST_COMPACT_PAUSE); --resume then
-    finishes the job: every planned trial exactly once, one file per partition."""
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_a_signal_mid_compaction_then_resume_leaves_every_trial_once(tmp_path, sig):
+    """The driver is signalled at the sweep's end between writing the compacted file and removing
+    the small ones (the compaction waits there: CANCELBENCH_TEST_COMPACT_PAUSE): SIGKILL, or SIGINT
+    (which stops the compaction where it is). --resume then finishes the job: every planned trial
+    exactly once, one file per partition."""
     out = tmp_path / "out"
     cfg = write(tmp_path, PROBE_SWEEP.format(trials=40))  # 43 records: at least 3 flushes of 16
     proc = subprocess.Popen([sys.executable, "-m", "cancelbench.cli", "sweep", "--config", str(cfg), "--out",
@@ -117,8 +119,8 @@ def test_sigkill_mid_compaction_then_resume_leaves_every_trial_once(tmp_path):
                             text=True, start_new_session=True, env={**os.environ, PAUSE_ENV: "committed"})
     try:
         wait_for(lambda: any(out.rglob(PAUSE_MARKER)), "compaction to pause", proc)
-        proc.kill()  # the driver only: its Ray's watchdog ends the rest
-        proc.wait()
+        proc.send_signal(sig)  # SIGKILL: the driver only, its Ray's watchdog ends the rest
+        _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -127,7 +129,11 @@ def test_sigkill_mid_compaction_then_resume_leaves_every_trial_once(tmp_path):
         marker.unlink()
     assert any(f.name.endswith(COMPACTED_SUFFIX) for f in out.rglob("*.parquet")) and not one_file_per_partition(out)
     manifest = read_manifest(out)
-    assert manifest["status"] == "running"  # killed: the sweep never said it ended
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and "interrupted by SIGINT" in err, err[-3000:]
+        assert manifest["status"] == "interrupted"
+    else:
+        assert manifest["status"] == "running"  # killed: the sweep never said it ended
     df = read_records(out)
     assert len(df) == manifest["planned_trials"] and df.trial_id.is_unique  # mid-compaction: each once
     again = cancelbench("sweep", "--config", cfg, "--out", out, "--resume", "--quiet", "--no-summary")
