@@ -125,38 +125,11 @@ def run(config: SweepConfig, out: Path, *, force: bool = False, json_path: Path 
     finally:
         if started_ray and ray.is_initialized():
             ray.shutdown()
-    compact(out)
     return {"sweep_id": result.sweep_id, "planned": result.planned, "written": result.written,
             "outcomes": dict(sorted(result.outcomes.items())), "sweep_exit_code": result.exit_code,
             "not_run": len(result.not_run), "trials_per_cell": config.trials_per_cell, "resumed": resume,
             "load_average_start": load_start, "load_average_end": _loadavg(),
             "wall_s": round(time.monotonic() - t0, 1)}
-
-
-def compact(out: Path) -> int:
-    """One Parquet file per partition instead of the sink's many small ones (it
-    flushes every 2 s: one file per record when trials are long), so a committed
-    dataset stays small. Same rows, same schema, same hive layout; returns the
-    number of files removed."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from cancelbench.fileio import write_atomic
-    from cancelbench.sink import FILE_SCHEMA, records_dir
-
-    removed = 0
-    for part in sorted({f.parent for f in records_dir(out).rglob("*.parquet")}):
-        files = sorted(part.glob("*.parquet"))
-        if len(files) < 2:
-            continue
-        table = pa.concat_tables([pq.read_table(f, schema=FILE_SCHEMA) for f in files])
-        table = table.sort_by([("trial_index", "ascending"), ("trial_id", "ascending")])
-        write_atomic(part / "part-compacted.parquet", lambda tmp, t=table: pq.write_table(t, tmp))
-        for f in files:
-            if f.name != "part-compacted.parquet":
-                f.unlink()
-                removed += 1
-    return removed
 
 
 def run_or_resummarise(name: str, args: argparse.Namespace, config: SweepConfig, out: Path,

@@ -23,7 +23,7 @@ REGENERATE = "python -m cancelbench.schema_doc > docs/schema.md"
 _LAYOUT = """\
 DIR/manifest.json        schema version, sweep id, config, seeds, versions, agents + clock offsets, status, not_run
 DIR/plan.parquet         the whole pre-generated plan
-DIR/records/{partition}/part-*.parquet
+DIR/records/{partition}/part-*.parquet  one file per partition once the sweep ended (compacted)
 DIR/audio/*.wav          TTS reference runs (listen to what was synthesized)
 DIR/report.txt           the terminal report, written at the end of the sweep (= cancelbench report DIR)
 DIR/report.html          the HTML report with its plots
@@ -69,6 +69,14 @@ def schema_markdown() -> str:
         "Readable by pandas (`cancelbench.sink.read_records(DIR)`), pyarrow "
         "(`pyarrow.dataset.dataset(\"DIR/records\", partitioning=\"hive\")`) and DuckDB "
         "(`read_parquet('DIR/records/**/*.parquet', hive_partitioning=true)`).",
+        "**Compaction.** The sweep writes a small file per flush and, at its end (complete, interrupted or "
+        "resumed), rewrites each partition's files into one, `part-*-compacted.parquet`, whose Parquet footer "
+        "(`cancelbench_compacted_from`) names the files it replaces. Those are *superseded* as soon as it "
+        "appears (one rename) and are deleted next. cancelbench's readers (`read_records`, `open_dataset`, "
+        "`report`) skip superseded files, so they see each record once at every instant, even after a driver "
+        "killed mid-compaction; `--resume` deletes what such a driver left. A plain glob (pyarrow on the "
+        "directory, DuckDB) knows no such rule: use it on a dataset no sweep is writing, and not after a "
+        "killed sweep until `--resume` ran.",
         "**Partition columns**: " + ", ".join(f"`{c}`" for c in schema.PARTITION_COLUMNS)
         + ". They live in the directory names, not inside the Parquet files; their values are sanitized "
         "to `[A-Za-z0-9._-]` (`hostname` keeps the raw host name).",

@@ -8,7 +8,11 @@ Layout of a results directory::
 
 Each flush writes a new small file to a temporary name and renames it into
 place, so a driver killed mid-sweep leaves only complete files behind; a
-resumed sweep reads the trial ids already present and skips them.
+resumed sweep reads the trial ids already present and skips them. At the end
+of a sweep each partition's files are compacted into one
+(:mod:`cancelbench.compaction`); every reader here lists the files through
+:func:`~cancelbench.compaction.live_files`, which sees each record once even
+mid-compaction.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from .compaction import live_files
 from .inputs import MAX_MANIFEST_BYTES, load_json_object, safe_component
 from .fileio import write_atomic, write_json_atomic  # noqa: F401  (re-exported)
 from .schema import FILE_SCHEMA, PARTITION_COLUMNS, RECORD_SCHEMA, SCHEMA_VERSION
@@ -61,13 +66,29 @@ def partitioning() -> ds.Partitioning:
     return ds.partitioning(pa.schema([RECORD_SCHEMA.field(c) for c in PARTITION_COLUMNS]), flavor="hive")
 
 
-def open_dataset(out_dir: Path) -> ds.Dataset:
-    """Open a results directory as a pyarrow dataset with the record schema."""
+def record_files(out_dir: Path) -> list[Path]:
+    """The record files of a results directory, each record in exactly one (see compaction)."""
     rdir = records_dir(out_dir)
     if not rdir.is_dir():
         raise DatasetError(f"{out_dir}: not a cancelbench dataset (no {RECORDS_DIR}/ directory)")
     check_schema_version(out_dir)
-    return ds.dataset(str(rdir), schema=RECORD_SCHEMA, format="parquet", partitioning=partitioning())
+    return live_files(rdir)
+
+
+def open_dataset(out_dir: Path) -> ds.Dataset:
+    """Open a results directory as a pyarrow dataset with the record schema (its live files)."""
+    return ds.dataset([str(f) for f in record_files(out_dir)], schema=RECORD_SCHEMA, format="parquet",
+                      partitioning=partitioning(), partition_base_dir=str(records_dir(out_dir)))
+
+
+def read_table(out_dir: Path, columns: list[str] | None = None, filter: ds.Expression | None = None,
+               tries: int = 5) -> pa.Table:
+    """Read records as a pyarrow table. A file that vanished between the listing and the read
+    (a compaction finishing in another process) means: list again and reread."""
+    for _ in range(tries - 1):
+        with contextlib.suppress(FileNotFoundError):
+            return open_dataset(out_dir).to_table(columns=columns, filter=filter)
+    return open_dataset(out_dir).to_table(columns=columns, filter=filter)
 
 
 def read_manifest(out_dir: Path) -> dict:
@@ -315,7 +336,7 @@ def _column_on_disk(out_dir: Path, column: str) -> list:
     if not rdir.is_dir() or not any(rdir.rglob("*.parquet")):
         return []
     try:
-        return open_dataset(out_dir).to_table(columns=[column]).column(column).to_pylist()
+        return read_table(out_dir, columns=[column]).column(column).to_pylist()
     except (pa.ArrowException, OSError) as exc:
         raise DatasetError(f"{out_dir}: unreadable records ({' '.join(str(exc).split())[:300]}); "
                            "move the damaged file away, its trials then run again on --resume") from None
@@ -328,7 +349,7 @@ def completed_trial_ids(out_dir: Path) -> set[str]:
 
 def read_records(out_dir: Path, columns: list[str] | None = None):
     """Read records as a pandas DataFrame (only the requested columns)."""
-    return open_dataset(out_dir).to_table(columns=columns).to_pandas()
+    return read_table(out_dir, columns=columns).to_pandas()
 
 
 def outcome_counts(out_dir: Path) -> collections.Counter:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import os
 import platform
+import sys
 import threading
 import time
 import uuid
@@ -19,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
+from cancelbench import compaction
 from cancelbench import sink as sinks
 from cancelbench.datasets.locks import LockError, check_size, load_lock
 from cancelbench.device_agents.engines.registry import ENGINES
@@ -202,6 +204,8 @@ class Sweep:
         probes, offsets = self._prepare_agents(slot_by_key, agents, payloads)
         plan = build_plan(self.config, list(agents), {n: list(v) for n, v in inputs.items()})
         manifest = self._start_dataset(sweep_id, plan, probes, offsets, existing)
+        if self.resume:  # finish what a driver killed mid-compaction left, before new files join
+            compaction.recover(sinks.records_dir(self.out_dir))
         done_ids = sinks.completed_trial_ids(self.out_dir) if self.resume else set()
         prior_outcomes = sinks.outcome_counts(self.out_dir) if done_ids else collections.Counter()
         prior_refs = self._prior_reference_rows(done_ids) if done_ids else {}
@@ -242,16 +246,38 @@ class Sweep:
                 sink.close()  # raises SinkError if records had to be kept elsewhere (full disk)
             finally:
                 progress.close()
-                if not interrupted and not sink.last_error:
-                    result.not_run.extend(self._missing(plan, result.not_run))
-                manifest["status"] = ("interrupted" if interrupted else
-                                      "complete" if not result.not_run and not errors and not sink.last_error
-                                      else "incomplete")
-                manifest["not_run"] = sorted(result.not_run)
-                write_json_atomic(self.out_dir / sinks.MANIFEST, manifest)
+                try:
+                    self._compact(sink)
+                except KeyboardInterrupt:  # a signal during compaction: stopped safely, say interrupted
+                    interrupted = True
+                    raise
+                finally:
+                    if not interrupted and not sink.last_error:
+                        result.not_run.extend(self._missing(plan, result.not_run))
+                    manifest["status"] = ("interrupted" if interrupted else
+                                          "complete" if not result.not_run and not errors and not sink.last_error
+                                          else "incomplete")
+                    manifest["not_run"] = sorted(result.not_run)
+                    write_json_atomic(self.out_dir / sinks.MANIFEST, manifest)
         if errors:
             raise errors[0]
         return result
+
+    def _compact(self, sink: sinks.RecordSink) -> None:
+        """One file per partition at every sweep end (complete, interrupted, resumed). It only
+        rewrites what is on disk, so a failure or a kill leaves the small files, each record
+        still read once: a warning, not a failed sweep (--resume compacts again)."""
+        if sink.disk_full:
+            return  # the rewrite needs as much room again as the records: there is none
+        try:
+            before, after = compaction.compact(sinks.records_dir(self.out_dir))
+        except Exception as exc:  # a full disk now, a damaged file: the dataset stays as the sink wrote it
+            print(f"cancelbench: warning: the records in {self.out_dir} were not compacted "
+                  f"({' '.join(str(exc).split())[:300]}); they are complete as they are, --resume compacts "
+                  "them", file=sys.stderr)
+            return
+        if self.show_progress and before > after:
+            print(f"records: compacted {before} files into {after}", file=sys.stderr)
 
     def _missing(self, plan: Plan, not_run: list[str]) -> list[str]:
         """Planned trials neither on disk nor listed as not run: never call such a dataset complete."""
@@ -308,9 +334,9 @@ class Sweep:
         """Reference rows already on disk, keyed by device key (for --resume)."""
         plan = pq.read_table(self.out_dir / sinks.PLAN_FILE, columns=["trial_id", "device"]).to_pylist()
         device_of = {r["trial_id"]: r["device"] for r in plan}
-        table = sinks.open_dataset(self.out_dir).to_table(
-            columns=["trial_id", "trial_kind", "workload", "mechanism", "outcome", "duration_ms",
-                     "phase_timeline_json", "t_start_ns", "t_handback_ns"],
+        table = sinks.read_table(
+            self.out_dir, columns=["trial_id", "trial_kind", "workload", "mechanism", "outcome", "duration_ms",
+                                   "phase_timeline_json", "t_start_ns", "t_handback_ns"],
             filter=pa.compute.field("trial_kind") == "reference")
         out: dict[str, list[dict]] = collections.defaultdict(list)
         for r in table.to_pylist():

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from cancelbench.schema import DEFECT_OUTCOMES  # noqa: F401 (re-exported for the reports)
-from cancelbench.sink import DatasetError, open_dataset
+from cancelbench.sink import DatasetError, read_table, record_files
 
 from .tables import HOPS
 
@@ -60,28 +60,26 @@ class Loaded:
     samples: pd.DataFrame | None = None  # plot samples (``plots.samples_frame``) when asked for
 
 
-def open_many(dirs: list[str | Path]) -> list[ds.Dataset]:
-    """Open every directory, failing with a DatasetError naming the bad one."""
+def check_dirs(dirs: list[str | Path]) -> list[Path]:
+    """Every directory as a Path, failing with a DatasetError naming the bad one."""
     if not dirs:
         raise DatasetError("no dataset directories given")
-    out = []
     for d in dirs:
         path = Path(d)
         if not path.exists():
             raise DatasetError(f"{d}: no such directory")
         if not path.is_dir():
             raise DatasetError(f"{d}: not a directory (expected a cancelbench results directory)")
-        out.append(open_dataset(path))
-    return out
+    return [Path(d) for d in dirs]
 
 
 def scan_table(dirs: list[str | Path], columns: list[str], filters: Filters = Filters()) -> pa.Table:
     """Concatenate the selected columns of the filtered rows of every dataset."""
     expr = filters.expression()
     tables = []
-    for dataset in open_many(dirs):
+    for path in check_dirs(dirs):
         try:
-            tables.append(dataset.to_table(columns=columns, filter=expr))
+            tables.append(read_table(path, columns=columns, filter=expr))
         except (pa.ArrowInvalid, OSError) as exc:  # corrupt or foreign parquet files
             raise DatasetError(f"unreadable records: {exc}") from exc
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
@@ -111,15 +109,14 @@ def load_frame(dirs: list[str | Path], columns: list[str] | None = None, filters
     return Loaded(frame=frame, dirs=[str(d) for d in dirs], samples=samples)
 
 
-def records_dirs(dirs: list[str | Path]) -> list[str]:
-    """The records/ directory of each dataset, validated (exists, schema
-    version, at least one Parquet file) so bad input fails before Ray starts."""
-    from cancelbench.sink import records_dir
-
-    datasets = open_many(dirs)
-    if not any(next(iter(d.get_fragments()), None) is not None for d in datasets):
+def records_files(dirs: list[str | Path]) -> list[str]:
+    """The live record files of every dataset (each record once, also mid-compaction),
+    validated (exists, schema version, at least one Parquet file) so bad input fails
+    before Ray starts."""
+    files = [str(f) for path in check_dirs(dirs) for f in record_files(path)]
+    if not files:
         raise DatasetError(f"{', '.join(map(str, dirs))}: no cancel records (empty dataset)")
-    return [str(records_dir(Path(d))) for d in dirs]
+    return files
 
 
 PLOT_SOURCE_COLUMNS = ["workload", "engine", "phase_at_receipt", "mechanism", "delivery", "host", "backend",

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from cancelbench.sink import DatasetError
 
-from .load import DEFECT_OUTCOMES, Filters, TABLE_COLUMNS, records_dirs
+from .load import DEFECT_OUTCOMES, Filters, TABLE_COLUMNS, records_files
 from .tables import (ALL_PHASES, CELL_KEYS, CELL_VALUE_COLUMNS, DEFECT_COLUMNS, HOPS, CellStats, HopStats, Report,
                      ReportSpec, defects_table, device_infos, prepare_table, sort_cells, summarize_cell,
                      summarize_hops)
@@ -89,7 +89,7 @@ def ensure_ray(address: str | None = None) -> None:
 
 def build_report_ray(dirs: list[str | Path], spec: ReportSpec, filters: Filters = Filters(),
                      address: str | None = None) -> Report:
-    paths = records_dirs(dirs)  # validates dirs and schema versions first: bad input never reaches Ray
+    paths = records_files(dirs)  # validates dirs and schema versions first: bad input never reaches Ray
     ensure_ray(address)
     import ray
 

@@ -287,17 +287,13 @@ def test_only_needed_columns_are_read(known, monkeypatch):
     import cancelbench.reports.load as load
 
     seen = []
-    real = load.open_dataset
+    real = load.read_table
 
-    class Spy:
-        def __init__(self, dataset):
-            self.dataset = dataset
+    def spy(path, columns=None, filter=None):
+        seen.append((tuple(columns), filter))
+        return real(path, columns=columns, filter=filter)
 
-        def to_table(self, columns=None, filter=None):
-            seen.append((tuple(columns), filter))
-            return self.dataset.to_table(columns=columns, filter=filter)
-
-    monkeypatch.setattr(load, "open_dataset", lambda d: Spy(real(d)))
+    monkeypatch.setattr(load, "read_table", spy)
     build_report([known])
     assert seen and all(cols is not None and "phase_durations_json" not in cols and "model_sha256" not in cols
                         for cols, _ in seen)

@@ -6,7 +6,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from cancelbench.orchestrator.config import OffsetSpec, SweepConfig, WorkloadSpec
+from cancelbench.orchestrator.config import OffsetSpec, SweepConfig, WorkloadSpec, load_config, with_trials
 from cancelbench.orchestrator.runner import SweepInputError, run_sweep
 from cancelbench.schema import RECORD_SCHEMA, SCHEMA_VERSION
 from cancelbench.sink import RecordSink, open_dataset, read_manifest, read_records
@@ -133,3 +133,15 @@ def test_resume_skips_completed_trials(local_ray, tmp_path):
     assert sorted(df.trial_id) == sorted(df_all.trial_id)  # each planned trial exactly once
     assert again.written == len(df_all) - 5
     assert read_manifest(out)["resumed"] == 1
+
+
+def test_the_demo_sweep_leaves_one_file_per_partition(local_ray, tmp_path):
+    """`make demo`'s sweep (the built-in default) at 2 trials per cell: 21 records, so the sink
+    wrote at least two files (it flushes every 16); the sweep's end compacts them into one."""
+    out = tmp_path / "demo"
+    result = run_sweep(with_trials(load_config(None), 2), out, progress=False)
+    files = list(out.joinpath("records").rglob("*.parquet"))
+    assert result.written == 21 and len(files) == 1, files
+    assert all(len(list(f.parent.iterdir())) == 1 for f in files)  # nothing else left beside it
+    assert sorted(read_records(out).trial_id) == sorted(pq.read_table(out / "plan.parquet").column("trial_id")
+                                                        .to_pylist())

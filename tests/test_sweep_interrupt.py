@@ -1,4 +1,5 @@
-"""Interrupting a `cancelbench sweep`: one sweep per --out, and SIGINT leaves an interrupted dataset.
+"""Interrupting a `cancelbench sweep`: one sweep per --out, SIGINT leaves an interrupted (compacted)
+dataset, and a SIGKILL mid-compaction loses nothing on --resume.
 
 A real `cancelbench` process with its own local Ray, real Parquet files.
 """
@@ -9,8 +10,10 @@ import subprocess
 import sys
 import time
 
+import pyarrow.parquet as pq
 import pytest
 
+from cancelbench.compaction import COMPACTED_SUFFIX, PAUSE_ENV, PAUSE_MARKER
 from cancelbench.sink import LOCK_FILE, read_manifest, read_records
 from test_cli import cancelbench, write
 
@@ -91,7 +94,52 @@ def test_one_sweep_per_out_and_sigint_leaves_an_interrupted_dataset(tmp_path):
     df = read_records(out)
     assert 0 < len(df) < manifest["planned_trials"]
     assert df.trial_id.is_unique and set(df.sweep_id) == {manifest["sweep_id"]}  # one sweep wrote here
+    assert one_file_per_partition(out)  # compacted on the way out, too
     assert not lock.exists()
     report = cancelbench("report", out)
     assert f"partial dataset, {len(df)} of {manifest['planned_trials']} planned trials on disk" in report.stderr
     assert "interrupted" in report.stderr
+
+
+def one_file_per_partition(out) -> bool:
+    parts = {f.parent for f in (out / "records").rglob("*.parquet")}
+    return bool(parts) and all(len([f for f in p.iterdir() if f.is_file()]) == 1 for p in parts)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_a_signal_mid_compaction_then_resume_leaves_every_trial_once(tmp_path, sig):
+    """The driver is signalled at the sweep's end between writing the compacted file and removing
+    the small ones (the compaction waits there: CANCELBENCH_TEST_COMPACT_PAUSE): SIGKILL, or SIGINT
+    (which stops the compaction where it is). --resume then finishes the job: every planned trial
+    exactly once, one file per partition."""
+    out = tmp_path / "out"
+    cfg = write(tmp_path, PROBE_SWEEP.format(trials=40))  # 43 records: at least 3 flushes of 16
+    proc = subprocess.Popen([sys.executable, "-m", "cancelbench.cli", "sweep", "--config", str(cfg), "--out",
+                             str(out), "--quiet", "--no-summary"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env={**os.environ, PAUSE_ENV: "committed"})
+    try:
+        wait_for(lambda: any(out.rglob(PAUSE_MARKER)), "compaction to pause", proc)
+        proc.send_signal(sig)  # SIGKILL: the driver only, its Ray's watchdog ends the rest
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for marker in out.rglob(PAUSE_MARKER):
+        marker.unlink()
+    assert any(f.name.endswith(COMPACTED_SUFFIX) for f in out.rglob("*.parquet")) and not one_file_per_partition(out)
+    manifest = read_manifest(out)
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and "interrupted by SIGINT" in err, err[-3000:]
+        assert manifest["status"] == "interrupted"
+    else:
+        assert manifest["status"] == "running"  # killed: the sweep never said it ended
+    df = read_records(out)
+    assert len(df) == manifest["planned_trials"] and df.trial_id.is_unique  # mid-compaction: each once
+    again = cancelbench("sweep", "--config", cfg, "--out", out, "--resume", "--quiet", "--no-summary")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert read_manifest(out)["status"] == "complete"
+    df = read_records(out)
+    plan = pq.read_table(out / "plan.parquet", columns=["trial_id"]).column("trial_id").to_pylist()
+    assert sorted(df.trial_id) == sorted(plan)  # every planned trial exactly once
+    assert one_file_per_partition(out)
