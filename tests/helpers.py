@@ -61,3 +61,23 @@ def leak_kb_per_cycle(rss: list[int], warmup: int = 5, one_time_steps: int = ONE
     if not kept:
         raise ValueError(f"need more than {warmup + one_time_steps + 1} cycles, got {len(rss)}")
     return sum(kept) / len(kept)
+
+
+def probe_sweep(trials: int, duration_us: int = 20_000) -> str:
+    """A sweep TOML of the known-answer probe engine: immediate cancels, agent delivery,
+    one mechanism; small and quick, for tests of the sweep's bookkeeping (exactly once,
+    signals, a full disk), not of an engine."""
+    return f"""
+[sweep]
+trials_per_cell = {trials}
+mechanisms = ["abort_callback"]
+deliveries = ["agent"]
+ping_samples = 3
+[offsets]
+plan = "immediate"
+[[workload]]
+name = "probe"
+engine = "probe"
+duration_us = {duration_us}
+period_us = 1000
+"""

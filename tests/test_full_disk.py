@@ -20,22 +20,10 @@ import pytest
 
 from cancelbench.sink import read_manifest, read_records
 from report_fixtures import cell_rows, write_dataset
+from helpers import probe_sweep
 from test_cli import write
 
-FULL_SWEEP = """
-[sweep]
-trials_per_cell = 400
-mechanisms = ["abort_callback"]
-deliveries = ["agent"]
-ping_samples = 3
-[offsets]
-plan = "immediate"
-[[workload]]
-name = "probe"
-engine = "probe"
-duration_us = 1000
-period_us = 1000
-"""
+FULL_SWEEP = probe_sweep(400, duration_us=1000)
 
 
 @contextlib.contextmanager

@@ -10,22 +10,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from cancelbench.sink import RecordSink, read_manifest, read_records
+from helpers import probe_sweep
 from test_cli import cancelbench, write
 
-PROBE_SWEEP = """
-[sweep]
-trials_per_cell = 6
-mechanisms = ["abort_callback"]
-deliveries = ["agent"]
-ping_samples = 3
-[offsets]
-plan = "immediate"
-[[workload]]
-name = "probe"
-engine = "probe"
-duration_us = 20000
-period_us = 1000
-"""
+PROBE_SWEEP = probe_sweep(6)
 
 
 def test_resume_exit_code_agrees_with_report_on_a_lost_trial(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 
 from cancelbench.compaction import COMPACTED_SUFFIX, PAUSE_ENV, PAUSE_MARKER
 from cancelbench.sink import LOCK_FILE, read_manifest, read_records
+from helpers import probe_sweep
 from test_cli import cancelbench, write
 
 
@@ -35,25 +36,11 @@ def wait_for(predicate, what: str, proc: subprocess.Popen | None = None, timeout
         time.sleep(0.05)
 
 
-PROBE_SWEEP = """
-[sweep]
-trials_per_cell = {trials}
-mechanisms = ["abort_callback"]
-deliveries = ["agent"]
-ping_samples = 3
-[offsets]
-plan = "immediate"
-[[workload]]
-name = "probe"
-engine = "probe"
-duration_us = 20000
-period_us = 1000
-"""
 
 
 # A sweep still running when its records are on disk, by construction: after a quick workload whose
 # records the timer flushes, the second workload's reference trials each take an hour.
-LONG_PROBE_SWEEP = PROBE_SWEEP.format(trials=4) + """
+LONG_PROBE_SWEEP = probe_sweep(4) + """
 [[workload]]
 name = "long"
 engine = "probe"
@@ -113,7 +100,7 @@ def test_a_signal_mid_compaction_then_resume_leaves_every_trial_once(tmp_path, s
     (which stops the compaction where it is). --resume then finishes the job: every planned trial
     exactly once, one file per partition."""
     out = tmp_path / "out"
-    cfg = write(tmp_path, PROBE_SWEEP.format(trials=40))  # 43 records: at least 3 flushes of 16
+    cfg = write(tmp_path, probe_sweep(40))  # 43 records: at least 3 flushes of 16
     proc = subprocess.Popen([sys.executable, "-m", "cancelbench.cli", "sweep", "--config", str(cfg), "--out",
                              str(out), "--quiet", "--no-summary"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, env={**os.environ, PAUSE_ENV: "committed"})
