@@ -166,32 +166,38 @@ def immediate_cells(run_trial, ref_ms: float, n_latched: int, n_dropped: int) ->
             "dropped_cost_ratio": [round(c / f, 3) for c, f in pairs]}
 
 
-def calibrations(threads: int, n_latched: int, n_dropped: int) -> dict:
-    """In-process, not trials: immediate cancels (latched vs emulated dropped) and the node profile."""
+def calibrations(config, n_latched: int, n_dropped: int) -> dict:
+    """In-process, not trials: immediate cancels (latched vs emulated dropped) and the node
+    profile, with the sweep's own workload settings (threads, batch, use_extra_bufts, ...)."""
     from cancelbench.device_agents.engines.stt import SttEngine
     from cancelbench.device_agents.engines.tts import TtsEngine
 
     paths = {"tts": field.ensure_set(field.FIELD_TTS.name, progress=True),
              "asr": field.ensure_set(field.FIELD_ASR.name, progress=True)}
+    wl = {w.engine: w for w in config.workloads}
+
+    def params(engine: str, kind: str) -> dict:
+        p = {**wl[engine].engine_params(), "model": str(paths[kind]["model"]), "mmproj": str(paths[kind]["mmproj"])}
+        p["n_gpu_layers"] = p["n_gpu_layers"] or 0  # the agent's device default on a CPU device
+        return p
+
     clip = str(SF.audio_clip("speech-medium"))
-    out: dict = {"threads": threads}
-    tts = TtsEngine({"engine": "tts", "model": str(paths["tts"]["model"]), "mmproj": str(paths["tts"]["mmproj"]),
-                     "n_threads": threads, "n_batch": 32, "max_frames": 1})
+    out: dict = {"settings": {k: params(k, kind) for k, kind in (("tts", "tts"), ("stt", "asr"))}}
+    tts = TtsEngine(params("tts", "tts"))
     try:
         run = lambda ctl: tts.run(TrialRequest(input=TTS_TEXT, mechanism="between_calls"), ctl)  # noqa: E731
         ref = run(BS._ctl())
         out["tts_immediate"] = immediate_cells(run, (ref.t_terminal_ns - ref.t_start_ns) / 1e6, n_latched, n_dropped)
     finally:
         tts.close()
-    stt = SttEngine({"engine": "stt", "model": str(paths["asr"]["model"]), "mmproj": str(paths["asr"]["mmproj"]),
-                     "n_threads": threads, "n_batch": 256, "chunk_tokens": 16, "max_tokens": 10})
+    stt = SttEngine(params("stt", "asr"))
     try:
         run = lambda ctl: stt.run(TrialRequest(input=clip, mechanism="between_calls"), ctl)  # noqa: E731
         ref = run(BS._ctl())
         out["stt_immediate"] = immediate_cells(run, (ref.t_terminal_ns - ref.t_start_ns) / 1e6, n_latched, 0)
     finally:
         stt.close()
-    out["node_profile"] = BS.node_profile(paths, threads, clip)
+    out["node_profile"] = BS.node_profile(paths, wl["tts"].n_threads, clip, wl["tts"].use_extra_bufts)
     return out
 
 
@@ -265,7 +271,6 @@ def main() -> int:
     ap.add_argument("--no-calibrations", action="store_true", help="skip the in-process calibrations")
     ap.add_argument("--latched", type=int, default=5, help="calibration: latched immediate cancels per engine")
     ap.add_argument("--dropped", type=int, default=1, help="calibration: emulated dropped-cancel pairs (TTS)")
-    ap.add_argument("--threads", type=int, default=2, help="calibration: llama.cpp threads")
     args = ap.parse_args()
     out, json_path = harness.paths(NAME, args.out)
     config = harness.config_for(args)
@@ -276,19 +281,24 @@ def main() -> int:
     summary = harness.summarise(out)
     cells = in_flight_cells(out)
     stays = reference_stays(out)
-    cal = None
+    short = [f"{c['workload']}/{c['phase']}/{c['mechanism']}: n={c['n']}" for c in cells if not c["enough"]]
+
+    def write(cal: dict | None) -> list[dict]:
+        rows = comparison(cells, stays, cal)
+        harness.write_json(json_path, name=NAME, config=config, run_facts=facts, summary=summary, machine=machine,
+                           extra={"field_report": FIELD, "in_flight_cells": cells, "min_in_flight": MIN_IN_FLIGHT,
+                                  "cells_below_min": short, "reference_stays": stays, "calibrations": cal,
+                                  "comparison": rows},
+                           note=args.note, default_trials=harness.load_config(args.config).trials_per_cell)
+        return rows
+
+    rows = write(None)  # the trials' figures are on disk before the calibrations run
     if not args.no_calibrations:
         t0 = time.monotonic()
-        cal = calibrations(args.threads, args.latched, args.dropped)
+        cal = calibrations(config, args.latched, args.dropped)
         cal["wall_s"] = round(time.monotonic() - t0, 1)
         cal["load_average_end"] = list(os.getloadavg())
-    rows = comparison(cells, stays, cal)
-    short = [f"{c['workload']}/{c['phase']}/{c['mechanism']}: n={c['n']}" for c in cells if not c["enough"]]
-    harness.write_json(json_path, name=NAME, config=config, run_facts=facts, summary=summary, machine=machine,
-                       extra={"field_report": FIELD, "in_flight_cells": cells, "min_in_flight": MIN_IN_FLIGHT,
-                              "cells_below_min": short, "reference_stays": stays, "calibrations": cal,
-                              "comparison": rows},
-                       note=args.note, default_trials=harness.load_config(args.config).trials_per_cell)
+        rows = write(cal)
     print("| measurement | field report | cancelbench |\n|---|---|---|")
     print("\n".join(f"| {r['row']} | {r['field']} | {r['cancelbench']} |" for r in rows))
     if short:

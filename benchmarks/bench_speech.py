@@ -228,7 +228,7 @@ class _GgmlTensor:  # lazily built ctypes view of struct ggml_tensor (ggml.h, th
         return cls.cls
 
 
-def node_profile(paths: dict, threads: int, clip: str) -> dict:
+def node_profile(paths: dict, threads: int, clip: str, use_extra_bufts: bool = True) -> dict:
     """Per-node compute time of the clip graphs llama's abort callback does not reach.
 
     A *Python* cb_eval (diagnostic only, never used by the engines) times every node
@@ -260,7 +260,7 @@ def node_profile(paths: dict, threads: int, clip: str) -> dict:
     CB = llama_cpp.ggml_backend_sched_eval_callback(cb)
 
     def ctx_for(kind):
-        model = rt.load_model(paths[kind]["model"], 0)
+        model = rt.load_model(paths[kind]["model"], 0, use_extra_bufts)
         prm = M.mtmd_context_params_default()
         prm.use_gpu = False
         prm.n_threads = threads

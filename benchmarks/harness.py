@@ -142,7 +142,7 @@ def run_or_resummarise(name: str, args: argparse.Namespace, config: SweepConfig,
 
     try:
         if args.resummarise:
-            return config_of(out), previous_run(json_path)
+            return config_of(out), previous_run(json_path, out)
         return config, run(config, out, force=args.force, json_path=json_path, resume=args.resume)
     except (OutputExists, DatasetError, FileNotFoundError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
@@ -253,9 +253,21 @@ def config_of(out: Path) -> SweepConfig:
     return config
 
 
-def previous_run(json_path: Path) -> dict:
-    """The run facts of an earlier benchmark JSON (re-summarising a dataset without re-running it)."""
-    return json.loads(Path(json_path).read_text())["run"]
+def previous_run(json_path: Path, out: Path | None = None) -> dict:
+    """The run facts of an earlier benchmark JSON (re-summarising a dataset without re-running it).
+    Without that JSON (the benchmark died after its sweep), what the dataset itself says:
+    its manifest and the records' own time span, marked as such."""
+    if Path(json_path).exists() or out is None:
+        return json.loads(Path(json_path).read_text())["run"]
+    from cancelbench.sink import outcome_counts, read_manifest, read_records
+
+    manifest = read_manifest(out)
+    t = read_records(out, columns=["t_handback_ns", "t_terminal_ns"])
+    return {"sweep_id": manifest["sweep_id"], "planned": manifest["planned_trials"], "written": len(t),
+            "outcomes": dict(sorted(outcome_counts(out).items())), "status": manifest["status"],
+            "sweep_exit_code": 0 if manifest["status"] == "complete" else 1, "created": manifest["created"],
+            "trial_window_s": round((t.t_terminal_ns.max() - t.t_handback_ns.min()) / 1e9, 1),
+            "source": "the dataset's manifest and records: the benchmark's JSON was not written for this run"}
 
 
 def reference_rows(out: Path) -> dict[tuple[str, str], list[dict]]:

@@ -17,9 +17,14 @@ from typing import Callable
 from cancelbench.request import TrialRequest
 
 # Pace scaling of a planned delay (see AnchorWatch._pace): only from events at least this
-# far into the reference run, and never more than this factor either way.
+# far into the reference run. It shrinks the delay of a trial faster than its reference
+# (down to PACE_MIN) and never stretches it: the two errors are not alike. A delay too short
+# lands earlier in the phase; one too long lands after the phase has ended and the cancel
+# misses it altogether. And a trial's pace before the anchor does not predict the phase on a
+# host whose load switches on and off: at field scale (one 8-15 s code2wav call), stretching
+# up to 4x sent 12 of 22 code2wav cancels past the end of the run.
 PACE_MIN_REF_MS = 5.0
-PACE_MIN, PACE_MAX = 0.25, 4.0
+PACE_MIN, PACE_MAX = 0.25, 1.0
 
 
 class AnchorWatch:
@@ -44,8 +49,8 @@ class AnchorWatch:
 
     def _pace(self, t_ns: int | None) -> float:
         """This trial's speed against its reference run: its time from hand-back to the
-        anchor event over the reference's (clamped to [PACE_MIN, PACE_MAX]; 1 when the
-        event comes too early in the run to say)."""
+        anchor event over the reference's, clamped to [PACE_MIN, PACE_MAX] (never above 1:
+        see PACE_MAX); 1 when the event comes too early in the run to say."""
         ref = self.request.anchor_ref_ms
         if t_ns is None or ref is None or ref < PACE_MIN_REF_MS:
             return 1.0

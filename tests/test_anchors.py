@@ -96,6 +96,25 @@ def test_event_anchored_cancels_land_in_their_target_phase_under_variance(tmp_pa
         assert (rates[plan] >= 0.95).all(), (plan, rates[plan].to_dict())
 
 
+def test_a_phase_anchor_shrinks_its_delay_for_a_fast_trial_and_never_stretches_it():
+    """Known answers: the planned 10 ms after entry into generate, whose reference entry was
+    100 ms after hand-back. A trial 3x slower keeps 10 ms (a stretched delay could land after
+    the phase); one twice as fast waits 5 ms."""
+    from cancelbench.device_agents.anchors import AnchorWatch
+    from cancelbench.request import TrialRequest
+
+    def delay(entry_ms: float) -> int:
+        req = TrialRequest(mechanism="between_calls", input="x", trial_kind="cancel", delivery="agent",
+                           offset_ms=10.0, anchor_phase="generate", anchor_ref_ms=100.0)
+        w = AnchorWatch(req, t_handback_ns=0)
+        w("phase", "generate", int(entry_ms * 1e6))
+        return w.delay_ns
+
+    assert delay(300.0) == 10_000_000
+    assert delay(50.0) == 5_000_000
+    assert delay(100.0) == 10_000_000
+
+
 def test_anchor_watch_fires_on_the_kth_step_with_the_previous_steps_length():
     """The progress anchor's delay follows the trial's own step length (known answer)."""
     from cancelbench.device_agents.anchors import AnchorWatch
