@@ -23,6 +23,13 @@
 #endif
 
 #define CB_OP_CLASSES 128  /* ggml_op values (GGML_OP_COUNT is ~95 in this ggml) */
+/* A cost key is an op and a shape class: the log2 bucket of the node's work
+ * (buckets 0..CB_WORK_BUCKETS-1 = work below 2^11, [2^11, 2^12), ...). One
+ * op at two sizes can cost very differently per unit of work (an im2col or a
+ * GELU over a small vs a large activation, cache-resident or not). */
+#define CB_WORK_BUCKETS 32
+#define CB_KEYS (CB_OP_CLASSES * CB_WORK_BUCKETS)
+#define CB_RANGE_KEYS 16   /* distinct keys of one range followed for the per-key update */
 
 struct cb_token {
     _Atomic uint8_t flag;      /* offset 0: non-zero means abort */
@@ -39,10 +46,17 @@ struct cb_token {
     int64_t range_start_ns;    /* when the first node of the current range was asked */
     uint64_t last_ask_ticks;   /* when the last node was asked (cb_ticks) */
     uint32_t range_nodes;      /* nodes asked in the current range */
-    double range_work;         /* their estimated work (cb_node_work x the op's learned scale) */
-    float op_scale[CB_OP_CLASSES]; /* learned cost of an op per unit of work, relative; 0 = not seen */
-    int32_t probe_op;          /* op class of a first-seen node that ended the current range; -1 none */
+    double range_work;         /* their estimated work (cb_node_work x the key's learned scale) */
+    float key_scale[CB_KEYS];  /* learned cost of a key (op x work bucket) per unit of work, relative; 0 = not seen */
+    int32_t probe_key;         /* key of a first-seen node that ended the current range; -1 none */
     double probe_work;         /* that node's work */
+    uint32_t range_nkeys;      /* distinct keys followed in the current range (at most CB_RANGE_KEYS) */
+    uint16_t range_key[CB_RANGE_KEYS];
+    float range_key_work[CB_RANGE_KEYS]; /* their scaled work in the range */
+    _Atomic uint64_t probes;        /* ranges ended by a first-seen key (debug counter, reset per trial) */
+    _Atomic int64_t max_range_est_ns; /* the estimate of the longest range (debug counter) */
+    _Atomic int64_t max_range_cpu_ns; /* the graph thread's CPU time in the longest range (debug counter) */
+    int64_t range_cpu_ns;      /* the graph thread's CPU clock when the current range started */
 };
 
 /* A constant added to the agent clock. Zero in production; tests set it to
@@ -62,7 +76,7 @@ CB_EXPORT int64_t cb_now_ns(void) {
 
 CB_EXPORT cb_token *cb_token_new(void) {
     cb_token *t = (cb_token *)calloc(1, sizeof(cb_token));
-    if (t) t->probe_op = -1;
+    if (t) t->probe_key = -1;
     return t;
 }
 
@@ -72,7 +86,7 @@ CB_EXPORT void cb_token_free(cb_token *t) { free(t); }
  * between trials, never while a native call polls the token, serialized with
  * cb_token_set. Clears the flag, set/seen stamps, polls, syncs, max_range_ns and
  * the current eval-reader range; keeps the slice and the learned costs
- * (ns_per_work, op_scale), which cb_token_forget_costs clears. */
+ * (ns_per_work, key_scale), which cb_token_forget_costs clears. */
 CB_EXPORT void cb_token_reset(cb_token *t) {
     atomic_store_explicit(&t->flag, 0, memory_order_relaxed);
     atomic_store_explicit(&t->set_ns, 0, memory_order_relaxed);
@@ -80,11 +94,15 @@ CB_EXPORT void cb_token_reset(cb_token *t) {
     atomic_store_explicit(&t->polls, 0, memory_order_relaxed);
     atomic_store_explicit(&t->syncs, 0, memory_order_relaxed);
     atomic_store_explicit(&t->max_range_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->probes, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->max_range_est_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->max_range_cpu_ns, 0, memory_order_relaxed);
     t->range_start_ns = 0;
     t->last_ask_ticks = 0;
     t->range_nodes = 0;
     t->range_work = 0.0;
-    t->probe_op = -1;
+    t->range_nkeys = 0;
+    t->probe_key = -1;
     atomic_thread_fence(memory_order_seq_cst);
 }
 
@@ -143,8 +161,24 @@ CB_EXPORT int64_t cb_token_max_range_ns(const cb_token *t) {
     return atomic_load_explicit(&((cb_token *)t)->max_range_ns, memory_order_relaxed);
 }
 
+CB_EXPORT int64_t cb_token_take_max_range_ns(cb_token *t) {
+    return atomic_exchange_explicit(&t->max_range_ns, 0, memory_order_relaxed);
+}
+
 CB_EXPORT double cb_token_ns_per_work(const cb_token *t) {
     return atomic_load_explicit(&((cb_token *)t)->ns_per_work, memory_order_relaxed);
+}
+
+CB_EXPORT uint64_t cb_token_probes(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->probes, memory_order_relaxed);
+}
+
+CB_EXPORT int64_t cb_token_max_range_cpu_ns(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->max_range_cpu_ns, memory_order_relaxed);
+}
+
+CB_EXPORT int64_t cb_token_max_range_est_ns(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->max_range_est_ns, memory_order_relaxed);
 }
 
 CB_EXPORT int64_t cb_token_slice_ns(const cb_token *t) {
@@ -157,9 +191,10 @@ CB_EXPORT void cb_token_forget_costs(cb_token *t) {
     atomic_store_explicit(&t->ns_per_work, 0.0, memory_order_relaxed);
     t->range_nodes = 0;
     t->range_work = 0.0;
-    t->probe_op = -1;
+    t->range_nkeys = 0;
+    t->probe_key = -1;
     t->probe_work = 0.0;
-    for (int i = 0; i < CB_OP_CLASSES; i++) t->op_scale[i] = 0.0f;
+    for (int i = 0; i < CB_KEYS; i++) t->key_scale[i] = 0.0f;
     atomic_thread_fence(memory_order_seq_cst);
 }
 
@@ -278,6 +313,14 @@ CB_EXPORT double cb_node_work(const void *tensor) {
  * where a missed split end only makes the next range end early. */
 #define CB_ASK_GAP_TICKS 100000ULL
 
+/* The calling thread's CPU time (ns): a range's wall time minus this is time the
+ * graph thread waited (for a CPU, or on compute threads of its own). */
+static int64_t cb_thread_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
+}
+
 static inline uint64_t cb_ticks(void) {
 #if defined(__x86_64__) || defined(__i386__)
     return __rdtsc();
@@ -290,6 +333,29 @@ static inline uint64_t cb_ticks(void) {
 #endif
 }
 
+/* The cost key of a node: its op and the log2 bucket of its work. */
+static int cb_cost_key(int cls, double w) {
+    const uint64_t iw = w >= 1.0 ? (uint64_t)w : 1;
+    int b = 63 - __builtin_clzll(iw) - 10;  /* work >= CB_NODE_WORK = 2^10 for computed nodes */
+    if (b < 0) b = 0;
+    if (b >= CB_WORK_BUCKETS) b = CB_WORK_BUCKETS - 1;
+    return cls * CB_WORK_BUCKETS + b;
+}
+
+/* Follows a key's scaled work in the current range (for the per-key update). */
+static void cb_range_note(cb_token *t, int key, double sw) {
+    for (uint32_t i = 0; i < t->range_nkeys; i++) {
+        if (t->range_key[i] == key) {
+            t->range_key_work[i] += (float)sw;
+            return;
+        }
+    }
+    if (t->range_nkeys < CB_RANGE_KEYS) {
+        t->range_key[t->range_nkeys] = (uint16_t)key;
+        t->range_key_work[t->range_nkeys++] = (float)sw;
+    }
+}
+
 /* ask=true: count the node; "show me" once the range's work fills the slice. */
 static bool cb_eval_ask(cb_token *t, const void *tensor) {
     atomic_fetch_add_explicit(&t->polls, 1, memory_order_relaxed);
@@ -300,26 +366,33 @@ static bool cb_eval_ask(cb_token *t, const void *tensor) {
     const uint64_t ticks = cb_ticks();
     if (t->range_nodes == 0 || ticks - t->last_ask_ticks > CB_ASK_GAP_TICKS) {
         t->range_start_ns = cb_now_ns();
+        t->range_cpu_ns = cb_thread_cpu_ns();
         t->range_nodes = 0;
         t->range_work = 0.0;
+        t->range_nkeys = 0;
+        t->probe_key = -1;
     }
     t->last_ask_ticks = ticks;
     t->range_nodes++;
     int cls;
     const double w = cb_node_work_class(tensor, &cls);
+    const int key = cb_cost_key(cls, w);
     const int64_t slice = atomic_load_explicit(&t->slice_ns, memory_order_relaxed);
     const double ns_per_work = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
     if (ns_per_work <= 0.0) {  /* nothing learned: this node alone sets the scale */
-        t->op_scale[cls] = 1.0f;
+        t->key_scale[key] = 1.0f;
         t->range_work += w;
+        cb_range_note(t, key, w);
         return true;
     }
-    if (t->op_scale[cls] == 0.0f && slice > 0) {  /* an op not seen yet: end the range here, learn it */
-        t->probe_op = cls;
+    if (t->key_scale[key] == 0.0f && slice > 0) {  /* a key not seen yet: end the range here, learn it */
+        t->probe_key = key;
         t->probe_work = w;
         return true;
     }
-    t->range_work += w * (t->op_scale[cls] > 0.0f ? t->op_scale[cls] : 1.0f);
+    const double sw = w * (t->key_scale[key] > 0.0f ? t->key_scale[key] : 1.0f);
+    t->range_work += sw;
+    cb_range_note(t, key, sw);
     return slice == 0 || t->range_work * ns_per_work >= (double)slice;
 }
 
@@ -329,25 +402,44 @@ static bool cb_eval_seen(cb_token *t) {
     atomic_fetch_add_explicit(&t->syncs, 1, memory_order_relaxed);
     if (t->range_nodes > 0) {
         const int64_t range_ns = now - t->range_start_ns;
+        const double est = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
         if (range_ns > atomic_load_explicit(&t->max_range_ns, memory_order_relaxed)) {
             atomic_store_explicit(&t->max_range_ns, range_ns, memory_order_relaxed);
+            atomic_store_explicit(&t->max_range_est_ns, (int64_t)(t->range_work * est), memory_order_relaxed);
+            atomic_store_explicit(&t->max_range_cpu_ns, cb_thread_cpu_ns() - t->range_cpu_ns, memory_order_relaxed);
         }
-        const double est = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
         const double took = (double)(range_ns > 0 ? range_ns : 1);
-        if (t->probe_op >= 0 && est > 0.0) {
-            /* what the known nodes should have taken; the rest is the new op's (at least a quarter) */
+        if (t->probe_key >= 0 && est > 0.0) {
+            /* what the known nodes should have taken; the rest is the new key's (at least a quarter) */
             double rest = took - t->range_work * est;
             if (rest < 0.25 * took) rest = 0.25 * took;
-            t->op_scale[t->probe_op] = (float)(rest / (t->probe_work * est));
-        } else {
-            const double sample = took / (t->range_work > 1.0 ? t->range_work : 1.0);
-            atomic_store_explicit(&t->ns_per_work, est > 0.0 ? 0.75 * est + 0.25 * sample : sample,
+            t->key_scale[t->probe_key] = (float)(rest / (t->probe_work * est));
+            atomic_fetch_add_explicit(&t->probes, 1, memory_order_relaxed);
+        } else if (est <= 0.0) {
+            atomic_store_explicit(&t->ns_per_work, took / (t->range_work > 1.0 ? t->range_work : 1.0),
                                   memory_order_relaxed);
+        } else if (t->range_work > 0.0) {
+            /* r: what the range took over what it was estimated to take. The cost per unit
+             * of work follows it (fast up: load arrives at once; slower down), and each
+             * key of the range moves by its share of the estimate: a key that holds the
+             * range is corrected there, one that is a sliver of it hardly moves. */
+            double r = took / (t->range_work * est);
+            if (r > 8.0) r = 8.0;
+            if (r < 0.125) r = 0.125;
+            const double g = r > 1.0 ? 0.5 : 0.25;
+            atomic_store_explicit(&t->ns_per_work, est * (1.0 + g * (r - 1.0)), memory_order_relaxed);
+            for (uint32_t i = 0; i < t->range_nkeys; i++) {
+                const double share = t->range_key_work[i] / t->range_work;
+                float *sc = &t->key_scale[t->range_key[i]];
+                *sc = (float)(*sc * (1.0 + 0.5 * share * (r - 1.0)));
+                if (*sc < 1e-6f) *sc = 1e-6f;  /* stays learned (0 = not seen) */
+            }
         }
     }
-    t->probe_op = -1;
+    t->probe_key = -1;
     t->range_nodes = 0;
     t->range_work = 0.0;
+    t->range_nkeys = 0;
     if (atomic_load_explicit(&t->flag, memory_order_relaxed) != 0) {
         cb_stamp_seen(t);
         return false;
