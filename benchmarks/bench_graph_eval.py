@@ -445,7 +445,9 @@ BUSY_LOOP = "while True: pass"
 @contextlib.contextmanager
 def busy_loops(n: int):
     """``n`` pure-Python busy loops beside the benchmark (same priority), stopped on exit."""
+    import signal
     procs = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(n)]
+    old = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill runs the cleanup below
     try:
         if procs:
             time.sleep(0.5)
@@ -455,6 +457,7 @@ def busy_loops(n: int):
             p.kill()
         for p in procs:
             p.wait()
+        signal.signal(signal.SIGTERM, old)
 
 
 def graph_engines(kinds) -> dict:
@@ -467,8 +470,9 @@ def graph_engines(kinds) -> dict:
 
 
 def _step_ctl(kind: str, on_step=None):
-    """A trial control whose step calls are announced; ``on_step(phase, ms, max_range_ms)`` at each
-    step's end, with the longest eval-reader range of that call alone (take before, take after)."""
+    """A trial control whose step calls are announced; ``on_step(phase, ms, max_range_ms, cpu_ms)`` at
+    each step's end, with the longest eval-reader range of that call alone (take before, take after)
+    and the most graph-thread CPU time of one of its ranges."""
     from cancelbench.device_agents.engines.registry import ENGINES
 
     ctl = _ctl()
@@ -480,7 +484,8 @@ def _step_ctl(kind: str, on_step=None):
             ctl.token.take_max_range_ns()
             start["t"] = t_ns
         elif event == "step_end" and on_step is not None:
-            on_step(phase, (t_ns - start["t"]) / 1e6, ctl.token.take_max_range_ns() / 1e6)
+            cpu = ctl.token.max_range_cpu_ns / 1e6  # before the take, which clears it
+            on_step(phase, (t_ns - start["t"]) / 1e6, ctl.token.take_max_range_ns() / 1e6, cpu)
 
     ctl.progress.listener = listen
     return ctl
@@ -493,29 +498,35 @@ def node_profiles(eng, kind: str, trial: dict, phases, profiles: int) -> dict:
     keep = eng.graph_slice_us
     eng.graph_slice_us = 0
     per = {ph: [] for ph in phases}
+    per_cpu = {ph: [] for ph in phases}
     calls = {ph: [] for ph in phases}
     try:
         for _ in range(profiles):
             run_max: dict = {}
+            run_cpu: dict = {}
 
-            def on_step(phase, ms, rng_ms):
+            def on_step(phase, ms, rng_ms, cpu_ms):
                 if phase in per:
                     run_max[phase] = max(run_max.get(phase, 0.0), rng_ms)
+                    run_cpu[phase] = max(run_cpu.get(phase, 0.0), cpu_ms)
             r = eng.run(TrialRequest(**trial, mechanism="graph_eval"), _step_ctl(kind, on_step))
             assert r.outcome == "completed", r.outcome
             for ph in phases:
                 if ph in run_max:
                     per[ph].append(round(run_max[ph], 3))
+                    per_cpu[ph].append(round(run_cpu[ph], 3))
     finally:
         eng.graph_slice_us = keep
     # the step-call time at the real slice (what the cancel delay is drawn from)
-    def on_call(phase, ms, _):
+    def on_call(phase, ms, *_):
         if phase in calls:
             calls[phase].append(ms)
     for _ in range(2):
         eng.run(TrialRequest(**trial, mechanism="graph_eval"), _step_ctl(kind, on_call))
-    return {ph: {"largest_node_ms": statistics.median(per[ph]) if per[ph] else None, "profiles_ms": per[ph],
-                 "call_ms": statistics.median(calls[ph]) if calls[ph] else None} for ph in phases}
+    med = lambda v: statistics.median(v) if v else None  # noqa: E731
+    return {ph: {"largest_node_ms": med(per[ph]), "profiles_ms": per[ph],
+                 "largest_node_cpu_ms": med(per_cpu[ph]), "profiles_cpu_ms": per_cpu[ph],
+                 "call_ms": med(calls[ph])} for ph in phases}
 
 
 def graph_cancels(eng, kind: str, trial: dict, phase: str, call_ms: float, trials: int,
@@ -542,7 +553,7 @@ def graph_cancels(eng, kind: str, trial: dict, phase: str, call_ms: float, trial
         tok = ctl.token
         ranges.append(tok.max_range_ns / 1e6)
         est.append(tok.max_range_est_ns / 1e6)
-        cpu.append(tok.max_range_cpu_ns / 1e6)
+        cpu.append(tok.max_range_cpu_ns / 1e6)  # most CPU in one range of the trial
         syncs.append(tok.syncs)
         probes.append(tok.probes)
     return {"n": len(res), "trials": trials,
@@ -550,8 +561,7 @@ def graph_cancels(eng, kind: str, trial: dict, phase: str, call_ms: float, trial
                            "all": [round(x, 3) for x in res]},
             "reader": {"max_range_ms_max": max(ranges, default=None),
                        "its_estimate_ms": est[ranges.index(max(ranges))] if ranges else None,
-                       "its_thread_cpu_ms": cpu[ranges.index(max(ranges))] if ranges else None,
-                       "thread_cpu_of_longest_range_ms": [round(x, 3) for x in cpu],
+                       "range_cpu_max_ms": [round(x, 3) for x in cpu],  # per trial: its most CPU in one range
                        "syncs_p50": percentile(syncs, 0.5), "probes_max": max(probes, default=None)}}
 
 
@@ -584,6 +594,7 @@ def graph_residue(args) -> dict:
                     worst = cell["residue_ms"]["max"]
                     bound = DEFAULT / 1e3 + 2 * node
                     bound_l = DEFAULT / 1e3 + 2 * node_l
+                    cpu_bound = DEFAULT / 1e3 + 2 * loaded[ph]["largest_node_cpu_ms"]
                     cell.update(
                         slice_us=DEFAULT, phase=ph,
                         largest_node={"idle": idle[ph], "loaded": loaded[ph]},
@@ -591,17 +602,20 @@ def graph_residue(args) -> dict:
                                "met": worst is not None and worst <= bound,
                                "loaded_node_bound_ms": round(bound_l, 3),
                                "met_with_loaded_node": worst is not None and worst <= bound_l,
-                               # the cost model's share: the graph thread's CPU time in each trial's
-                               # longest range against the same bound (wall - CPU = waiting for a CPU)
-                               "longest_range_cpu_max_ms": max(cell["reader"]["thread_cpu_of_longest_range_ms"],
-                                                               default=None),
-                               "cpu_met": all(x <= bound for x in cell["reader"]["thread_cpu_of_longest_range_ms"])},
+                               # the cost model's share, in the graph thread's CPU time (waits for a CPU
+                               # left out): every range of every trial against slice + 2 x the largest
+                               # node's CPU time (median of the loaded profiles)
+                               "cpu_bound_ms": round(cpu_bound, 3),
+                               "range_cpu_max_ms": max(cell["reader"]["range_cpu_max_ms"], default=None),
+                               "cpu_met": all(x <= cpu_bound for x in cell["reader"]["range_cpu_max_ms"])},
                         load={"busy_loops": len(pids), "loadavg1_at_start": round(la0, 2),
                               "loadavg1_at_end": round(os.getloadavg()[0], 2)})
                     out["graphs"][g] = cell
                     print(f"{g}: n {cell['n']} residue p50 {_r(cell['residue_ms']['p50'])} p99 "
                           f"{_r(cell['residue_ms']['p99'])} max {_r(worst)} | node idle {node} loaded {node_l} | "
-                          f"bound {bound:.2f} met={cell['bound']['met']} cpu_met={cell['bound']['cpu_met']} "
+                          f"bound {bound:.2f} met={cell['bound']['met']} | cpu: node {loaded[ph]['largest_node_cpu_ms']} "
+                          f"range max {cell['bound']['range_cpu_max_ms']} bound {cpu_bound:.2f} "
+                          f"met={cell['bound']['cpu_met']} "
                           f"(loaded-node bound {bound_l:.2f}) "
                           f"reader {cell['reader']}", file=sys.stderr, flush=True)
         finally:
@@ -692,7 +706,12 @@ def graphs_part(args) -> int:
                      "longest eval-reader range (one node + its sync) inside that graph's step calls "
                      "(take_max_range_ns before/after each call), measured without and with the busy loops; "
                      "residue = t_native_returned - t_received of cancels received while a step call of the "
-                     "graph ran, with the busy loops running; bound = slice + 2 x the idle largest node",
+                     "graph ran, with the busy loops running; bound = slice + 2 x the idle largest node "
+                     "(wall). cpu_bound: the cost model's own check, in the graph thread's CPU time "
+                     "(CLOCK_THREAD_CPUTIME_ID; waits for a CPU left out): the most CPU of any range of "
+                     "any cancelled trial against slice + 2 x the largest node's CPU time (loaded profiles' "
+                     "median). 'idle' = without the benchmark's busy loops; other work on the host is not "
+                     "controlled (loadavg fields)",
               **graph_residue(args)}
     result["wall_s"] = round(time.time() - t0, 1)
     result["loadavg_end"] = os.getloadavg()

@@ -252,7 +252,7 @@ class CancelToken:
         return _lib().cb_token_max_range_ns(self._ptr)
 
     def take_max_range_ns(self) -> int:
-        """max_range_ns, then set to 0: the longest range since the last take (per-call profiles)."""
+        """max_range_ns, then set to 0 with max_range_cpu_ns (read that first): per-call profiles."""
         return _lib().cb_token_take_max_range_ns(self._ptr)
 
     @property
@@ -272,7 +272,7 @@ class CancelToken:
 
     @property
     def max_range_cpu_ns(self) -> int:
-        """Debug: the graph thread's CPU time (ns) in the range that became max_range_ns."""
+        """Debug: the most graph-thread CPU time (ns) of one eval-reader range (slice 0: a node's)."""
         return _lib().cb_token_max_range_cpu_ns(self._ptr)
 
     def read(self) -> bool:

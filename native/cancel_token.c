@@ -55,8 +55,9 @@ struct cb_token {
     float range_key_work[CB_RANGE_KEYS]; /* their scaled work in the range */
     _Atomic uint64_t probes;        /* ranges ended by a first-seen key (debug counter, reset per trial) */
     _Atomic int64_t max_range_est_ns; /* the estimate of the longest range (debug counter) */
-    _Atomic int64_t max_range_cpu_ns; /* the graph thread's CPU time in the longest range (debug counter) */
+    _Atomic int64_t max_range_cpu_ns; /* the most graph-thread CPU time of any range (debug counter) */
     int64_t range_cpu_ns;      /* the graph thread's CPU clock when the current range started */
+    double cpu_per_work;       /* learned graph-thread CPU ns per unit of work (EMA; 0 = not learned) */
 };
 
 /* A constant added to the agent clock. Zero in production; tests set it to
@@ -162,6 +163,7 @@ CB_EXPORT int64_t cb_token_max_range_ns(const cb_token *t) {
 }
 
 CB_EXPORT int64_t cb_token_take_max_range_ns(cb_token *t) {
+    atomic_store_explicit(&t->max_range_cpu_ns, 0, memory_order_relaxed);
     return atomic_exchange_explicit(&t->max_range_ns, 0, memory_order_relaxed);
 }
 
@@ -189,6 +191,7 @@ CB_EXPORT int64_t cb_token_slice_ns(const cb_token *t) {
  * work and the per-op scales; the current range goes with them. Between graphs. */
 CB_EXPORT void cb_token_forget_costs(cb_token *t) {
     atomic_store_explicit(&t->ns_per_work, 0.0, memory_order_relaxed);
+    t->cpu_per_work = 0.0;
     t->range_nodes = 0;
     t->range_work = 0.0;
     t->range_nkeys = 0;
@@ -402,38 +405,66 @@ static bool cb_eval_seen(cb_token *t) {
     atomic_fetch_add_explicit(&t->syncs, 1, memory_order_relaxed);
     if (t->range_nodes > 0) {
         const int64_t range_ns = now - t->range_start_ns;
+        const int64_t cpu_ns = cb_thread_cpu_ns() - t->range_cpu_ns;
         const double est = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
         if (range_ns > atomic_load_explicit(&t->max_range_ns, memory_order_relaxed)) {
             atomic_store_explicit(&t->max_range_ns, range_ns, memory_order_relaxed);
             atomic_store_explicit(&t->max_range_est_ns, (int64_t)(t->range_work * est), memory_order_relaxed);
-            atomic_store_explicit(&t->max_range_cpu_ns, cb_thread_cpu_ns() - t->range_cpu_ns, memory_order_relaxed);
+        }
+        if (cpu_ns > atomic_load_explicit(&t->max_range_cpu_ns, memory_order_relaxed)) {
+            atomic_store_explicit(&t->max_range_cpu_ns, cpu_ns, memory_order_relaxed);
         }
         const double took = (double)(range_ns > 0 ? range_ns : 1);
+        const double cpu = (double)(cpu_ns > 0 ? cpu_ns : 1);
+        /* What the work cost, for the key scales (relative costs of ops and shapes): the
+         * graph thread's CPU time when it computed the range (a CPU backend: at least a
+         * twentieth of the wall time), so time spent waiting for a CPU under load is not
+         * charged to the keys of the range it fell in; else (a device backend whose
+         * thread sleeps through the sync) the wall time. */
+        const bool cpu_live = cpu * 20.0 >= took;
+        const double kt = cpu_live ? cpu : took;
+        const double kest = cpu_live && t->cpu_per_work > 0.0 ? t->cpu_per_work : est;
         if (t->probe_key >= 0 && est > 0.0) {
-            /* what the known nodes should have taken; the rest is the new key's (at least a quarter) */
-            double rest = took - t->range_work * est;
-            if (rest < 0.25 * took) rest = 0.25 * took;
-            t->key_scale[t->probe_key] = (float)(rest / (t->probe_work * est));
+            /* what the known nodes should have cost; the rest is the new key's (at least a quarter) */
+            double rest = kt - t->range_work * kest;
+            if (rest < 0.25 * kt) rest = 0.25 * kt;
+            t->key_scale[t->probe_key] = (float)(rest / (t->probe_work * kest));
             atomic_fetch_add_explicit(&t->probes, 1, memory_order_relaxed);
         } else if (est <= 0.0) {
-            atomic_store_explicit(&t->ns_per_work, took / (t->range_work > 1.0 ? t->range_work : 1.0),
-                                  memory_order_relaxed);
+            const double work = t->range_work > 1.0 ? t->range_work : 1.0;
+            atomic_store_explicit(&t->ns_per_work, took / work, memory_order_relaxed);
+            t->cpu_per_work = cpu_live ? cpu / work : 0.0;
         } else if (t->range_work > 0.0) {
-            /* r: what the range took over what it was estimated to take. The cost per unit
-             * of work follows it (fast up: load arrives at once; slower down), and each
-             * key of the range moves by its share of the estimate: a key that holds the
-             * range is corrected there, one that is a sliver of it hardly moves. */
+            /* r: what the range took (wall) over its estimate. The cost per unit of work
+             * follows it (fast up: load arrives at once; slower down): it sizes ranges in
+             * wall time, load included. */
             double r = took / (t->range_work * est);
             if (r > 8.0) r = 8.0;
             if (r < 0.125) r = 0.125;
             const double g = r > 1.0 ? 0.5 : 0.25;
             atomic_store_explicit(&t->ns_per_work, est * (1.0 + g * (r - 1.0)), memory_order_relaxed);
+            /* rk: the same in cost (CPU time where live). Each key of the range moves by
+             * its share of the estimate: a key that holds the range is corrected there,
+             * one that is a sliver of it hardly moves. */
+            double rk = kt / (t->range_work * kest);
+            if (rk > 8.0) rk = 8.0;
+            if (rk < 0.125) rk = 0.125;
+            if (cpu_live) {
+                t->cpu_per_work = t->cpu_per_work > 0.0 ? t->cpu_per_work * (1.0 + 0.25 * (rk - 1.0))
+                                                        : cpu / t->range_work;
+            }
+            uint32_t worst = 0;
             for (uint32_t i = 0; i < t->range_nkeys; i++) {
                 const double share = t->range_key_work[i] / t->range_work;
                 float *sc = &t->key_scale[t->range_key[i]];
-                *sc = (float)(*sc * (1.0 + 0.5 * share * (r - 1.0)));
+                *sc = (float)(*sc * (1.0 + 0.5 * share * (rk - 1.0)));
                 if (*sc < 1e-6f) *sc = 1e-6f;  /* stays learned (0 = not seen) */
+                if (t->range_key_work[i] > t->range_key_work[worst]) worst = i;
             }
+            /* A range that cost over twice its estimate (in CPU time: not a wait for a
+             * CPU) holds a key the shares cannot find: its biggest key is learned again
+             * by a probe at its next node. */
+            if (cpu_live && rk >= 2.0 && t->range_nkeys > 1) t->key_scale[t->range_key[worst]] = 0.0f;
         }
     }
     t->probe_key = -1;

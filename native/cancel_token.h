@@ -140,7 +140,8 @@ CB_EXPORT uint64_t cb_token_syncs(const cb_token *t);
  * its sync (ns). Any thread. */
 CB_EXPORT int64_t cb_token_max_range_ns(const cb_token *t);
 
-/* Returns cb_token_max_range_ns and sets it to 0 (one atomic exchange), so the
+/* Returns cb_token_max_range_ns and sets it to 0 (one atomic exchange; it
+ * also sets cb_token_max_range_cpu_ns to 0: read that first), so the
  * longest range of one native call can be read apart from the calls before it
  * (a profile per graph: take before the call, take after it). A range that
  * ends while another thread takes may land on either side. Any thread. */
@@ -161,11 +162,13 @@ CB_EXPORT uint64_t cb_token_probes(const cb_token *t);
  * thread. */
 CB_EXPORT int64_t cb_token_max_range_est_ns(const cb_token *t);
 
-/* Debug counter: the CPU time (ns, CLOCK_THREAD_CPUTIME_ID) the graph thread
- * spent in the longest range since the last reset. Far below
- * cb_token_max_range_ns: the range waited (for a CPU under load, or on the
- * backend's own compute threads); near it: the range was as long as its work.
- * Any thread. */
+/* Debug counter: the most CPU time (ns, CLOCK_THREAD_CPUTIME_ID) the graph
+ * thread spent in one eval-reader range since the last reset (or take). On a
+ * CPU backend computing on the graph thread it is what the longest range's work
+ * cost, waits for a CPU left out: with slice 0 the largest node's CPU time, a
+ * measure that holds under load. Far below cb_token_max_range_ns: ranges
+ * waited (for a CPU, or on a device / compute threads of the backend). Any
+ * thread. */
 CB_EXPORT int64_t cb_token_max_range_cpu_ns(const cb_token *t);
 
 /* --- process-wide ggml tensor layout ----------------------------------- */

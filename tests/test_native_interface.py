@@ -303,7 +303,7 @@ def test_cost_keys_are_op_and_work_bucket():
         assert ev(b_large, True, t.address) is False  # learned: the range stays open
         assert ev(None, False, t.address) is True
         assert t.probes == 2 and t.max_range_ns > 0 and t.max_range_cpu_ns >= 0
-        assert t.take_max_range_ns() > 0 and t.max_range_ns == 0  # take: read and cleared
+        assert t.take_max_range_ns() > 0 and t.max_range_ns == 0 == t.max_range_cpu_ns  # take: read, cleared
         t.reset()
         assert t.probes == 0  # a trial counter; the learned keys stay
         assert ev(b_large, True, t.address) is False and ev(b_small, True, t.address) is False
