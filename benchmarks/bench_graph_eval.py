@@ -41,12 +41,26 @@ Still outside the sweep path (their own loops in this file, results in
   also ``reader_saw``, ``decode_rc2`` and residue / the rest of the reference
   decode. Its cells are built from ``TrialRequest`` directly, not a sweep.
 
+* ``--part graphs`` — residue per graph under load, into
+  ``benchmarks/results/graph_eval_load.json`` (``--graphs-out``): text decode
+  (text-llama-57m, one token's ``llama_decode``), the TTS code predictor step
+  (``generate``) and the step that also runs code2wav, the STT encode, each on
+  one CPU thread with ``--busy-loops`` (default 2) ``python -c 'while True:
+  pass'`` processes started and stopped by the benchmark. The largest node of a
+  graph is the median over ``--node-profiles`` (default 5) uncancelled slice-0
+  runs of the longest range inside that graph's step calls (one node + its
+  sync; ``take_max_range_ns`` around each call), in wall time without and with
+  the busy loops and in the graph thread's CPU time. Per graph: slice, largest
+  node (median and profiles), residue p50/p99/max and n, the bound slice + 2 x
+  the largest node and met, the cost model's own check in CPU time, the load.
+
 Latency = t_terminal - t_received; residue = t_native_returned - t_received.
 Percentiles are the reports' nearest-rank ones.
 
     python benchmarks/bench_graph_eval.py [--sweep-trials 12] [--sweep-out DIR] [--force]
     nice -n 10 python benchmarks/bench_graph_eval.py --skip cpu [--trials 12] [--vk-trials 5] [--pairs 5]
     python benchmarks/bench_graph_eval.py --device cuda:0 [--prompt-tokens 4096] [--device-trials 15]
+    python benchmarks/bench_graph_eval.py --part graphs [--busy-loops 2] [--node-profiles 5] [--trials 12]
 """
 
 from __future__ import annotations

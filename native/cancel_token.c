@@ -188,7 +188,7 @@ CB_EXPORT int64_t cb_token_slice_ns(const cb_token *t) {
 }
 
 /* What the eval reader learned about the model it polled: the cost per unit of
- * work and the per-op scales; the current range goes with them. Between graphs. */
+ * work and the per-key scales; the current range goes with them. Between graphs. */
 CB_EXPORT void cb_token_forget_costs(cb_token *t) {
     atomic_store_explicit(&t->ns_per_work, 0.0, memory_order_relaxed);
     t->cpu_per_work = 0.0;
@@ -490,10 +490,15 @@ static bool cb_eval_seen(cb_token *t) {
  * "show me" once the range's nodes hold as much work as fits in the slice at
  * the learned cost per unit of work (measured over each range, its first ask
  * to its sync, an exponential average; the first range after set_slice is one
- * node). A node's work is cb_node_work (its shapes) times its op's learned
- * scale: the first node of an op not seen yet ends its range, and what that
- * range took beyond the known nodes' share sets the op's scale (an im2col or
- * an erf costs far more per element than an add). Ranges therefore last
+ * node). A node's work is cb_node_work (its shapes) times the learned scale
+ * of its cost key, its op and the log2 bucket of its work: the first node of
+ * a key not seen yet ends its range, and what that range cost beyond the known
+ * nodes' share sets the key's scale (an im2col or an erf costs far more per
+ * element than an add, and one op at two sizes differs too); later ranges
+ * move each key by its share of the estimate, and a range that cost over twice
+ * its estimate re-probes its biggest key. "Cost" for the keys is the graph
+ * thread's CPU time when it computed the range (waits for a CPU are not a
+ * key's cost); ns_per_work is wall time, load included. Ranges therefore last
  * about one slice, sync cost included; slice 0 syncs after every node (the
  * scheduler then runs the graph node by node). A set token is answered "show me" at once and "stop"
  * after the range, stamping seen_ns. polls counts nodes asked, syncs the

@@ -32,7 +32,8 @@
  *          key being probed).
  *   Keeps (configuration and what was learned about the model):
  *          the slice (cb_token_set_slice_ns), the learned cost per unit of
- *          work (ns_per_work) and the learned per-op scales. These describe
+ *          work (ns_per_work) and the learned per-key scales (a key: an op
+ *          and the log2 bucket of a node's work). These describe
  *          the model, backend and slice, not a trial; re-learning them every
  *          trial would make each trial's first ranges probes. They are
  *          forgotten by cb_token_forget_costs (call it when the token is bound
