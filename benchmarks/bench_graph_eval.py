@@ -547,7 +547,7 @@ def graph_cancels(eng, kind: str, trial: dict, phase: str, call_ms: float, trial
                   rng: random.Random) -> dict:
     """Cancels at a uniform point of a step call of ``phase`` (generate: the k-th one, k random);
     residue = native return - receipt, of the cancels received while that call ran."""
-    res, ranges, est, cpu, syncs, probes = [], [], [], [], [], []
+    res, ranges, est, cpu, syncs, probes, reprobes = [], [], [], [], [], [], []
     for _ in range(trials):
         k = rng.randint(2, 8)
 
@@ -570,13 +570,15 @@ def graph_cancels(eng, kind: str, trial: dict, phase: str, call_ms: float, trial
         cpu.append(tok.max_range_cpu_ns / 1e6)  # most CPU in one range of the trial
         syncs.append(tok.syncs)
         probes.append(tok.probes)
+        reprobes.append(tok.reprobes)
     return {"n": len(res), "trials": trials,
             "residue_ms": {"p50": percentile(res, 0.5), "p99": percentile(res, 0.99), "max": max(res, default=None),
                            "all": [round(x, 3) for x in res]},
             "reader": {"max_range_ms_max": max(ranges, default=None),
                        "its_estimate_ms": est[ranges.index(max(ranges))] if ranges else None,
                        "range_cpu_max_ms": [round(x, 3) for x in cpu],  # per trial: its most CPU in one range
-                       "syncs_p50": percentile(syncs, 0.5), "probes_max": max(probes, default=None)}}
+                       "syncs_p50": percentile(syncs, 0.5), "probes_max": max(probes, default=None),
+                       "reprobes_max": max(reprobes, default=None)}}
 
 
 def graph_residue(args) -> dict:

@@ -55,6 +55,7 @@ SIGNATURES: tuple[tuple[str, type | None, tuple[type, ...]], ...] = (
     ("cb_token_take_max_range_ns", _I64, (_P,)),
     ("cb_token_ns_per_work", ctypes.c_double, (_P,)),
     ("cb_token_probes", _U64, (_P,)),
+    ("cb_token_reprobes", _U64, (_P,)),
     ("cb_token_max_range_est_ns", _I64, (_P,)),
     ("cb_token_max_range_cpu_ns", _I64, (_P,)),
     ("cb_eval_calibrate", ctypes.c_int, (_P, _P, _P, _I64, _I64, _I64)),
@@ -264,6 +265,11 @@ class CancelToken:
     def probes(self) -> int:
         """Debug: eval-reader ranges ended to learn a first-seen cost key (op x work bucket)."""
         return _lib().cb_token_probes(self._ptr)
+
+    @property
+    def reprobes(self) -> int:
+        """Debug: eval-reader ranges ended to learn a known key again (after a range overran 2x in CPU)."""
+        return _lib().cb_token_reprobes(self._ptr)
 
     @property
     def max_range_est_ns(self) -> int:

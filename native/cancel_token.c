@@ -47,13 +47,16 @@ struct cb_token {
     uint64_t last_ask_ticks;   /* when the last node was asked (cb_ticks) */
     uint32_t range_nodes;      /* nodes asked in the current range */
     double range_work;         /* their estimated work (cb_node_work x the key's learned scale) */
-    float key_scale[CB_KEYS];  /* learned cost of a key (op x work bucket) per unit of work, relative; 0 = not seen */
+    float key_scale[CB_KEYS];  /* learned cost of a key (op x work bucket) per unit of work, relative;
+                                  0 = not seen, -1 = to be learned again (re-probe) */
     int32_t probe_key;         /* key of a first-seen node that ended the current range; -1 none */
+    bool probe_again;          /* that key was learned before (a re-probe) */
     double probe_work;         /* that node's work */
     uint32_t range_nkeys;      /* distinct keys followed in the current range (at most CB_RANGE_KEYS) */
     uint16_t range_key[CB_RANGE_KEYS];
     float range_key_work[CB_RANGE_KEYS]; /* their scaled work in the range */
     _Atomic uint64_t probes;        /* ranges ended by a first-seen key (debug counter, reset per trial) */
+    _Atomic uint64_t reprobes;      /* ranges ended to learn a key again (debug counter, reset per trial) */
     _Atomic int64_t max_range_est_ns; /* the estimate of the longest range (debug counter) */
     _Atomic int64_t max_range_cpu_ns; /* the most graph-thread CPU time of any range (debug counter) */
     int64_t range_cpu_ns;      /* the graph thread's CPU clock when the current range started */
@@ -96,6 +99,7 @@ CB_EXPORT void cb_token_reset(cb_token *t) {
     atomic_store_explicit(&t->syncs, 0, memory_order_relaxed);
     atomic_store_explicit(&t->max_range_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&t->probes, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->reprobes, 0, memory_order_relaxed);
     atomic_store_explicit(&t->max_range_est_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&t->max_range_cpu_ns, 0, memory_order_relaxed);
     t->range_start_ns = 0;
@@ -177,6 +181,10 @@ CB_EXPORT uint64_t cb_token_probes(const cb_token *t) {
 
 CB_EXPORT int64_t cb_token_max_range_cpu_ns(const cb_token *t) {
     return atomic_load_explicit(&((cb_token *)t)->max_range_cpu_ns, memory_order_relaxed);
+}
+
+CB_EXPORT uint64_t cb_token_reprobes(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->reprobes, memory_order_relaxed);
 }
 
 CB_EXPORT int64_t cb_token_max_range_est_ns(const cb_token *t) {
@@ -388,8 +396,9 @@ static bool cb_eval_ask(cb_token *t, const void *tensor) {
         cb_range_note(t, key, w);
         return true;
     }
-    if (t->key_scale[key] == 0.0f && slice > 0) {  /* a key not seen yet: end the range here, learn it */
+    if (t->key_scale[key] <= 0.0f && slice > 0) {  /* a key not seen yet (or to learn again): end the range here, learn it */
         t->probe_key = key;
+        t->probe_again = t->key_scale[key] < 0.0f;
         t->probe_work = w;
         return true;
     }
@@ -429,7 +438,7 @@ static bool cb_eval_seen(cb_token *t) {
             double rest = kt - t->range_work * kest;
             if (rest < 0.25 * kt) rest = 0.25 * kt;
             t->key_scale[t->probe_key] = (float)(rest / (t->probe_work * kest));
-            atomic_fetch_add_explicit(&t->probes, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(t->probe_again ? &t->reprobes : &t->probes, 1, memory_order_relaxed);
         } else if (est <= 0.0) {
             const double work = t->range_work > 1.0 ? t->range_work : 1.0;
             atomic_store_explicit(&t->ns_per_work, took / work, memory_order_relaxed);
@@ -464,7 +473,7 @@ static bool cb_eval_seen(cb_token *t) {
             /* A range that cost over twice its estimate (in CPU time: not a wait for a
              * CPU) holds a key the shares cannot find: its biggest key is learned again
              * by a probe at its next node. */
-            if (cpu_live && rk >= 2.0 && t->range_nkeys > 1) t->key_scale[t->range_key[worst]] = 0.0f;
+            if (cpu_live && rk >= 2.0 && t->range_nkeys > 1) t->key_scale[t->range_key[worst]] = -1.0f;
         }
     }
     t->probe_key = -1;

@@ -26,7 +26,7 @@
  *          serialized with cb_token_set by the caller (a set racing a reset
  *          can be lost; cancelbench holds the control's lock across both).
  *   Clears (trial state): the flag, set_ns, seen_ns, polls, syncs,
- *          max_range_ns, the debug counters (probes, max_range_est_ns,
+ *          max_range_ns, the debug counters (probes, reprobes, max_range_est_ns,
  *          max_range_cpu_ns), and
  *          the eval reader's current range (its start, nodes, work, and any
  *          key being probed).
@@ -156,6 +156,11 @@ CB_EXPORT double cb_token_ns_per_work(const cb_token *t);
  * the log2 bucket of its work) had not been seen, to learn that key's scale,
  * since the last reset. Any thread. */
 CB_EXPORT uint64_t cb_token_probes(const cb_token *t);
+
+/* Debug counter: eval-reader ranges ended to learn a known key again (a range
+ * that cost over twice its estimate in CPU time re-probes its biggest key),
+ * since the last reset. Any thread. */
+CB_EXPORT uint64_t cb_token_reprobes(const cb_token *t);
 
 /* Debug counter: what the reader estimated the longest range since the last
  * reset (cb_token_max_range_ns) would take, ns (the nodes counted before the

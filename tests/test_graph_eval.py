@@ -157,8 +157,9 @@ def test_graph_eval_on_vulkan_lavapipe(vulkan_site, lavapipe_index, small_text_m
 def test_cost_keys_learned_once_per_op_and_shape_on_a_real_graph(text_model):
     """On a real text graph (CPU): the first hooked trial meets cost keys (op x work bucket)
     it has not seen and ends a range to learn each (probes > 0); an identical second trial meets
-    none (probes == 0: what was learned is kept across resets); forget_costs (a new model)
-    makes the next trial learn them again. Counters only, no wall-clock bound."""
+    none (probes == 0: what was learned is kept across resets; re-probes of a known key after a
+    range overran, which depend on timing, are counted apart in ``reprobes``); forget_costs (a
+    new model) makes the next trial learn them again. Counters only, no wall-clock bound."""
     eng = TextEngine({"model": text_model, "n_threads": 2, "prompt_tokens": 64, "n_batch": 64, "max_tokens": 2,
                       "n_gpu_layers": 0, "graph_slice_us": native.DEFAULT_GRAPH_SLICE_US})
     token = native.CancelToken()
