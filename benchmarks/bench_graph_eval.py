@@ -41,17 +41,32 @@ Still outside the sweep path (their own loops in this file, results in
   also ``reader_saw``, ``decode_rc2`` and residue / the rest of the reference
   decode. Its cells are built from ``TrialRequest`` directly, not a sweep.
 
+* ``--part graphs`` — residue per graph under load, into
+  ``benchmarks/results/graph_eval_load.json`` (``--graphs-out``): text decode
+  (text-llama-57m, one token's ``llama_decode``), the TTS code predictor step
+  (``generate``) and the step that also runs code2wav, the STT encode, each on
+  one CPU thread with ``--busy-loops`` (default 2) ``python -c 'while True:
+  pass'`` processes started and stopped by the benchmark. The largest node of a
+  graph is the median over ``--node-profiles`` (default 5) uncancelled slice-0
+  runs of the longest range inside that graph's step calls (one node + its
+  sync; ``take_max_range_ns`` around each call), in wall time without and with
+  the busy loops and in the graph thread's CPU time. Per graph: slice, largest
+  node (median and profiles), residue p50/p99/max and n, the bound slice + 2 x
+  the largest node and met, the cost model's own check in CPU time, the load.
+
 Latency = t_terminal - t_received; residue = t_native_returned - t_received.
 Percentiles are the reports' nearest-rank ones.
 
     python benchmarks/bench_graph_eval.py [--sweep-trials 12] [--sweep-out DIR] [--force]
     nice -n 10 python benchmarks/bench_graph_eval.py --skip cpu [--trials 12] [--vk-trials 5] [--pairs 5]
     python benchmarks/bench_graph_eval.py --device cuda:0 [--prompt-tokens 4096] [--device-trials 15]
+    python benchmarks/bench_graph_eval.py --part graphs [--busy-loops 2] [--node-profiles 5] [--trials 12]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -432,6 +447,198 @@ def speech_residue(args) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------- residue per graph, under load
+
+# graph -> (engine, phase of its step calls): text decode (one token's llama_decode), the TTS
+# code predictor/talker step (generate) and the step that also runs code2wav, the STT encode
+GRAPHS = {"text_decode": ("text", "generate"), "tts_generate": ("tts", "generate"),
+          "tts_code2wav": ("tts", "code2wav"), "stt_encode": ("stt", "encode")}
+BUSY_LOOP = "while True: pass"
+
+
+@contextlib.contextmanager
+def busy_loops(n: int):
+    """``n`` pure-Python busy loops beside the benchmark (same priority), stopped on exit."""
+    import signal
+    procs = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(n)]
+    old = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill runs the cleanup below
+    try:
+        if procs:
+            time.sleep(0.5)
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+        signal.signal(signal.SIGTERM, old)
+
+
+def graph_engines(kinds) -> dict:
+    """engine -> (class, workload, trial fields) on the CPU fixtures (one thread each)."""
+    out = {k: v for k, v in speech_engines().items() if k in kinds} if {"tts", "stt"} & set(kinds) else {}
+    if "text" in kinds:
+        out["text"] = (TextEngine, {"model": str(ensure_text_fixture("text-llama-57m")), "n_threads": 1,
+                                    "prompt_tokens": 32, "n_batch": 32, "max_tokens": 24}, {"input": PROMPT})
+    return out
+
+
+def _step_ctl(kind: str, on_step=None):
+    """A trial control whose step calls are announced; ``on_step(phase, ms, max_range_ms, cpu_ms)`` at
+    each step's end, with the longest eval-reader range of that call alone (take before, take after)
+    and the most graph-thread CPU time of one of its ranges."""
+    from cancelbench.device_agents.engines.registry import ENGINES
+
+    ctl = _ctl()
+    ctl.progress.step_calls = ENGINES[kind].step_calls
+    start = {}
+
+    def listen(event: str, phase: str, t_ns: int) -> None:
+        if event == "step":
+            ctl.token.take_max_range_ns()
+            start["t"] = t_ns
+        elif event == "step_end" and on_step is not None:
+            cpu = ctl.token.max_range_cpu_ns / 1e6  # before the take, which clears it
+            on_step(phase, (t_ns - start["t"]) / 1e6, ctl.token.take_max_range_ns() / 1e6, cpu)
+
+    ctl.progress.listener = listen
+    return ctl
+
+
+def node_profiles(eng, kind: str, trial: dict, phases, profiles: int) -> dict:
+    """Largest node per graph: ``profiles`` uncancelled runs with the reader syncing after every
+    node (slice 0); per run and graph, the longest range of its step calls (one node + its sync);
+    the median over the runs is the graph's largest node. Also the median step-call time."""
+    keep = eng.graph_slice_us
+    eng.graph_slice_us = 0
+    per = {ph: [] for ph in phases}
+    per_cpu = {ph: [] for ph in phases}
+    calls = {ph: [] for ph in phases}
+    try:
+        for _ in range(profiles):
+            run_max: dict = {}
+            run_cpu: dict = {}
+
+            def on_step(phase, ms, rng_ms, cpu_ms):
+                if phase in per:
+                    run_max[phase] = max(run_max.get(phase, 0.0), rng_ms)
+                    run_cpu[phase] = max(run_cpu.get(phase, 0.0), cpu_ms)
+            r = eng.run(TrialRequest(**trial, mechanism="graph_eval"), _step_ctl(kind, on_step))
+            assert r.outcome == "completed", r.outcome
+            for ph in phases:
+                if ph in run_max:
+                    per[ph].append(round(run_max[ph], 3))
+                    per_cpu[ph].append(round(run_cpu[ph], 3))
+    finally:
+        eng.graph_slice_us = keep
+    # the step-call time at the real slice (what the cancel delay is drawn from)
+    def on_call(phase, ms, *_):
+        if phase in calls:
+            calls[phase].append(ms)
+    for _ in range(2):
+        eng.run(TrialRequest(**trial, mechanism="graph_eval"), _step_ctl(kind, on_call))
+    med = lambda v: statistics.median(v) if v else None  # noqa: E731
+    return {ph: {"largest_node_ms": med(per[ph]), "profiles_ms": per[ph],
+                 "largest_node_cpu_ms": med(per_cpu[ph]), "profiles_cpu_ms": per_cpu[ph],
+                 "call_ms": med(calls[ph])} for ph in phases}
+
+
+def graph_cancels(eng, kind: str, trial: dict, phase: str, call_ms: float, trials: int,
+                  rng: random.Random) -> dict:
+    """Cancels at a uniform point of a step call of ``phase`` (generate: the k-th one, k random);
+    residue = native return - receipt, of the cancels received while that call ran."""
+    res, ranges, est, cpu, syncs, probes, reprobes = [], [], [], [], [], [], []
+    for _ in range(trials):
+        k = rng.randint(2, 8)
+
+        def pred(p, k=k):
+            if p.native_call is None or p.native_call not in p.step_calls or p.phase != phase:
+                return False
+            return phase != "generate" or (p.frames_generated or p.tokens_generated or 0) >= k
+        ctl = _step_ctl(kind)
+        th = cancel_at(ctl, pred, rng.uniform(0.0, 0.9) * call_ms / 1e3)
+        r = eng.run(TrialRequest(**trial, mechanism="graph_eval"), ctl)
+        th.join(10)
+        at = ctl.at_receipt or {}
+        if (r.outcome != "cancelled" or ctl.native_returned_ns is None or at.get("phase_at_receipt") != phase
+                or not at.get("native_call_at_receipt")):
+            continue
+        res.append((ctl.native_returned_ns - ctl.received_ns) / 1e6)
+        tok = ctl.token
+        ranges.append(tok.max_range_ns / 1e6)
+        est.append(tok.max_range_est_ns / 1e6)
+        cpu.append(tok.max_range_cpu_ns / 1e6)  # most CPU in one range of the trial
+        syncs.append(tok.syncs)
+        probes.append(tok.probes)
+        reprobes.append(tok.reprobes)
+    return {"n": len(res), "trials": trials,
+            "residue_ms": {"p50": percentile(res, 0.5), "p99": percentile(res, 0.99), "max": max(res, default=None),
+                           "all": [round(x, 3) for x in res]},
+            "reader": {"max_range_ms_max": max(ranges, default=None),
+                       "its_estimate_ms": est[ranges.index(max(ranges))] if ranges else None,
+                       "range_cpu_max_ms": [round(x, 3) for x in cpu],  # per trial: its most CPU in one range
+                       "syncs_p50": percentile(syncs, 0.5), "probes_max": max(probes, default=None),
+                       "reprobes_max": max(reprobes, default=None)}}
+
+
+def graph_residue(args) -> dict:
+    """Per graph (GRAPHS): slice, largest node (median of ``--node-profiles`` slice-0 profiles, both
+    without and with the busy loops), residue p50/p99/max and n of in-call cancels with
+    ``--busy-loops`` busy loops beside it, the bound slice + 2 x largest node and pass/fail."""
+    rng = random.Random(args.seed)
+    wanted = [g for g in GRAPHS if g in args.graphs]
+    kinds = sorted({GRAPHS[g][0] for g in wanted})
+    out: dict = {"slice_us": DEFAULT, "busy_loops": args.busy_loops, "busy_loop": f"python -c '{BUSY_LOOP}'",
+                 "node_profiles": args.node_profiles, "trials": args.trials, "n_threads": 1,
+                 "cpus": os.cpu_count(), "graphs": {}}
+    for kind, (cls, wl, trial) in graph_engines(kinds).items():
+        phases = [GRAPHS[g][1] for g in wanted if GRAPHS[g][0] == kind]
+        eng = cls({**wl, "graph_slice_us": DEFAULT})
+        try:
+            for _ in range(2):  # warm: contexts built, costs learned at the slice
+                eng.run(TrialRequest(**trial, mechanism="graph_eval"), _ctl())
+            idle = node_profiles(eng, kind, trial, phases, args.node_profiles)
+            with busy_loops(args.busy_loops) as pids:
+                la0 = os.getloadavg()[0]
+                loaded = node_profiles(eng, kind, trial, phases, args.node_profiles)
+                for _ in range(2):  # costs re-learned at the slice (slice 0 forgot them), under the load
+                    eng.run(TrialRequest(**trial, mechanism="graph_eval"), _ctl())
+                for g in [g for g in wanted if GRAPHS[g][0] == kind]:
+                    ph = GRAPHS[g][1]
+                    cell = graph_cancels(eng, kind, trial, ph, loaded[ph]["call_ms"], args.trials, rng)
+                    node, node_l = idle[ph]["largest_node_ms"], loaded[ph]["largest_node_ms"]
+                    worst = cell["residue_ms"]["max"]
+                    bound = DEFAULT / 1e3 + 2 * node
+                    bound_l = DEFAULT / 1e3 + 2 * node_l
+                    cpu_bound = DEFAULT / 1e3 + 2 * loaded[ph]["largest_node_cpu_ms"]
+                    cell.update(
+                        slice_us=DEFAULT, phase=ph,
+                        largest_node={"idle": idle[ph], "loaded": loaded[ph]},
+                        bound={"bound_ms": round(bound, 3), "node": "idle median",
+                               "met": worst is not None and worst <= bound,
+                               "loaded_node_bound_ms": round(bound_l, 3),
+                               "met_with_loaded_node": worst is not None and worst <= bound_l,
+                               # the cost model's share, in the graph thread's CPU time (waits for a CPU
+                               # left out): every range of every trial against slice + 2 x the largest
+                               # node's CPU time (median of the loaded profiles)
+                               "cpu_bound_ms": round(cpu_bound, 3),
+                               "range_cpu_max_ms": max(cell["reader"]["range_cpu_max_ms"], default=None),
+                               "cpu_met": all(x <= cpu_bound for x in cell["reader"]["range_cpu_max_ms"])},
+                        load={"busy_loops": len(pids), "loadavg1_at_start": round(la0, 2),
+                              "loadavg1_at_end": round(os.getloadavg()[0], 2)})
+                    out["graphs"][g] = cell
+                    print(f"{g}: n {cell['n']} residue p50 {_r(cell['residue_ms']['p50'])} p99 "
+                          f"{_r(cell['residue_ms']['p99'])} max {_r(worst)} | node idle {node} loaded {node_l} | "
+                          f"bound {bound:.2f} met={cell['bound']['met']} | cpu: node {loaded[ph]['largest_node_cpu_ms']} "
+                          f"range max {cell['bound']['range_cpu_max_ms']} bound {cpu_bound:.2f} "
+                          f"met={cell['bound']['cpu_met']} "
+                          f"(loaded-node bound {bound_l:.2f}) "
+                          f"reader {cell['reader']}", file=sys.stderr, flush=True)
+        finally:
+            eng.close()
+    return out
+
+
 def overhead(args) -> dict:
     text = {"model": str(ensure_text_fixture("text-llama-57m")), "n_threads": args.cpu_threads,
             "prompt_tokens": 256, "max_tokens": 8}
@@ -494,6 +701,43 @@ def table(result: dict) -> list[str]:
     return rows
 
 
+def machine_facts() -> dict:
+    import platform
+    facts = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+             "llama_cpp_python": getattr(llama_cpp, "__version__", None)}
+    try:
+        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                      if ln.startswith("model name")), None)
+        facts["cpu_model"] = model
+    except OSError:
+        pass
+    return facts
+
+
+def graphs_part(args) -> int:
+    t0 = time.time()
+    result = {"bench": "graph_eval_load", "machine": machine_facts(), "loadavg_start": os.getloadavg(),
+              "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "how": "per graph: largest node = median over --node-profiles uncancelled slice-0 runs of the "
+                     "longest eval-reader range (one node + its sync) inside that graph's step calls "
+                     "(take_max_range_ns before/after each call), measured without and with the busy loops; "
+                     "residue = t_native_returned - t_received of cancels received while a step call of the "
+                     "graph ran, with the busy loops running; bound = slice + 2 x the idle largest node "
+                     "(wall). cpu_bound: the cost model's own check, in the graph thread's CPU time "
+                     "(CLOCK_THREAD_CPUTIME_ID; waits for a CPU left out): the most CPU of any range of "
+                     "any cancelled trial against slice + 2 x the largest node's CPU time (loaded profiles' "
+                     "median). 'idle' = without the benchmark's busy loops; other work on the host is not "
+                     "controlled (loadavg fields)",
+              **graph_residue(args)}
+    result["wall_s"] = round(time.time() - t0, 1)
+    result["loadavg_end"] = os.getloadavg()
+    result["all_met"] = all(c["bound"]["met"] for c in result["graphs"].values())
+    Path(args.graphs_out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.graphs_out).write_text(json.dumps(result, indent=2, default=float) + "\n")
+    print(f"wrote {args.graphs_out} (all_met={result['all_met']}, {result['wall_s']} s)", file=sys.stderr)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=12, help="CPU cancel trials per cell")
@@ -502,7 +746,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cpu-threads", type=int, default=1,
                     help="CPU text threads (1: on a shared 2-core host two threads wait on each other's time slices)")
-    ap.add_argument("--part", choices=("all", "vulkan", "device", "device_speech"), default="all")
+    ap.add_argument("--part", choices=("all", "vulkan", "device", "device_speech", "graphs"), default="all",
+                    help="graphs: residue per graph (text decode, TTS generate/code2wav, STT encode) under "
+                         "--busy-loops, into --graphs-out")
+    ap.add_argument("--busy-loops", type=int, default=2, help="graphs part: busy loops run beside the trials")
+    ap.add_argument("--node-profiles", type=int, default=5, help="graphs part: slice-0 profiles per largest node")
+    ap.add_argument("--graphs", type=lambda v: [x for x in v.split(",") if x], default=list(GRAPHS),
+                    help="graphs part: comma list of " + ",".join(GRAPHS))
+    ap.add_argument("--graphs-out", default=str(ROOT / "benchmarks" / "results" / "graph_eval_load.json"))
     ap.add_argument("--device", default=None,
                     help="run only the device part on this device id (e.g. cuda:0, vulkan:0; see device_agents/backends.py)")
     ap.add_argument("--model", default="text-qwen3-0.6b-field", help="device part: text fixture or field set name")
@@ -543,6 +794,8 @@ def main() -> int:
     if args.part == "device_speech":
         print("RESULT:" + json.dumps(device_speech(args), default=str))
         return 0
+    if args.part == "graphs":
+        return graphs_part(args)
     skip = set(filter(None, args.skip.split(",")))
     t0 = time.time()
     result: dict = {"bench": "graph_eval", "default_slice_us": DEFAULT, "cpu_slices_us": list(CPU_SLICES),

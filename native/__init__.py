@@ -52,7 +52,12 @@ SIGNATURES: tuple[tuple[str, type | None, tuple[type, ...]], ...] = (
     ("cb_token_forget_costs", None, (_P,)),
     ("cb_token_syncs", _U64, (_P,)),
     ("cb_token_max_range_ns", _I64, (_P,)),
+    ("cb_token_take_max_range_ns", _I64, (_P,)),
     ("cb_token_ns_per_work", ctypes.c_double, (_P,)),
+    ("cb_token_probes", _U64, (_P,)),
+    ("cb_token_reprobes", _U64, (_P,)),
+    ("cb_token_max_range_est_ns", _I64, (_P,)),
+    ("cb_token_max_range_cpu_ns", _I64, (_P,)),
     ("cb_eval_calibrate", ctypes.c_int, (_P, _P, _P, _I64, _I64, _I64)),
     ("cb_eval_calibrate_flash_attn", ctypes.c_int, (_P, _P, _P)),
     ("cb_node_work", ctypes.c_double, (_P,)),
@@ -247,10 +252,34 @@ class CancelToken:
         """Longest eval-reader range: its first node asked -> synchronized (slice 0: one node)."""
         return _lib().cb_token_max_range_ns(self._ptr)
 
+    def take_max_range_ns(self) -> int:
+        """max_range_ns, then set to 0 with max_range_cpu_ns (read that first): per-call profiles."""
+        return _lib().cb_token_take_max_range_ns(self._ptr)
+
     @property
     def ns_per_work(self) -> float:
         """The eval reader's learned cost of one unit of node work (ns; 0 = not learned yet)."""
         return _lib().cb_token_ns_per_work(self._ptr)
+
+    @property
+    def probes(self) -> int:
+        """Debug: eval-reader ranges ended to learn a first-seen cost key (op x work bucket)."""
+        return _lib().cb_token_probes(self._ptr)
+
+    @property
+    def reprobes(self) -> int:
+        """Debug: eval-reader ranges ended to learn a known key again (after a range overran 2x in CPU)."""
+        return _lib().cb_token_reprobes(self._ptr)
+
+    @property
+    def max_range_est_ns(self) -> int:
+        """Debug: the reader's estimate (ns) of the range that became max_range_ns."""
+        return _lib().cb_token_max_range_est_ns(self._ptr)
+
+    @property
+    def max_range_cpu_ns(self) -> int:
+        """Debug: the most graph-thread CPU time (ns) of one eval-reader range (slice 0: a node's)."""
+        return _lib().cb_token_max_range_cpu_ns(self._ptr)
 
     def read(self) -> bool:
         """Call the native reader once (counts as a poll, stamps seen_ns)."""

@@ -23,6 +23,13 @@
 #endif
 
 #define CB_OP_CLASSES 128  /* ggml_op values (GGML_OP_COUNT is ~95 in this ggml) */
+/* A cost key is an op and a shape class: the log2 bucket of the node's work
+ * (buckets 0..CB_WORK_BUCKETS-1 = work below 2^11, [2^11, 2^12), ...). One
+ * op at two sizes can cost very differently per unit of work (an im2col or a
+ * GELU over a small vs a large activation, cache-resident or not). */
+#define CB_WORK_BUCKETS 32
+#define CB_KEYS (CB_OP_CLASSES * CB_WORK_BUCKETS)
+#define CB_RANGE_KEYS 16   /* distinct keys of one range followed for the per-key update */
 
 struct cb_token {
     _Atomic uint8_t flag;      /* offset 0: non-zero means abort */
@@ -39,10 +46,21 @@ struct cb_token {
     int64_t range_start_ns;    /* when the first node of the current range was asked */
     uint64_t last_ask_ticks;   /* when the last node was asked (cb_ticks) */
     uint32_t range_nodes;      /* nodes asked in the current range */
-    double range_work;         /* their estimated work (cb_node_work x the op's learned scale) */
-    float op_scale[CB_OP_CLASSES]; /* learned cost of an op per unit of work, relative; 0 = not seen */
-    int32_t probe_op;          /* op class of a first-seen node that ended the current range; -1 none */
+    double range_work;         /* their estimated work (cb_node_work x the key's learned scale) */
+    float key_scale[CB_KEYS];  /* learned cost of a key (op x work bucket) per unit of work, relative;
+                                  0 = not seen, -1 = to be learned again (re-probe) */
+    int32_t probe_key;         /* key of a first-seen node that ended the current range; -1 none */
+    bool probe_again;          /* that key was learned before (a re-probe) */
     double probe_work;         /* that node's work */
+    uint32_t range_nkeys;      /* distinct keys followed in the current range (at most CB_RANGE_KEYS) */
+    uint16_t range_key[CB_RANGE_KEYS];
+    float range_key_work[CB_RANGE_KEYS]; /* their scaled work in the range */
+    _Atomic uint64_t probes;        /* ranges ended by a first-seen key (debug counter, reset per trial) */
+    _Atomic uint64_t reprobes;      /* ranges ended to learn a key again (debug counter, reset per trial) */
+    _Atomic int64_t max_range_est_ns; /* the estimate of the longest range (debug counter) */
+    _Atomic int64_t max_range_cpu_ns; /* the most graph-thread CPU time of any range (debug counter) */
+    int64_t range_cpu_ns;      /* the graph thread's CPU clock when the current range started */
+    double cpu_per_work;       /* learned graph-thread CPU ns per unit of work (EMA; 0 = not learned) */
 };
 
 /* A constant added to the agent clock. Zero in production; tests set it to
@@ -62,7 +80,7 @@ CB_EXPORT int64_t cb_now_ns(void) {
 
 CB_EXPORT cb_token *cb_token_new(void) {
     cb_token *t = (cb_token *)calloc(1, sizeof(cb_token));
-    if (t) t->probe_op = -1;
+    if (t) t->probe_key = -1;
     return t;
 }
 
@@ -72,7 +90,7 @@ CB_EXPORT void cb_token_free(cb_token *t) { free(t); }
  * between trials, never while a native call polls the token, serialized with
  * cb_token_set. Clears the flag, set/seen stamps, polls, syncs, max_range_ns and
  * the current eval-reader range; keeps the slice and the learned costs
- * (ns_per_work, op_scale), which cb_token_forget_costs clears. */
+ * (ns_per_work, key_scale), which cb_token_forget_costs clears. */
 CB_EXPORT void cb_token_reset(cb_token *t) {
     atomic_store_explicit(&t->flag, 0, memory_order_relaxed);
     atomic_store_explicit(&t->set_ns, 0, memory_order_relaxed);
@@ -80,11 +98,16 @@ CB_EXPORT void cb_token_reset(cb_token *t) {
     atomic_store_explicit(&t->polls, 0, memory_order_relaxed);
     atomic_store_explicit(&t->syncs, 0, memory_order_relaxed);
     atomic_store_explicit(&t->max_range_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->probes, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->reprobes, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->max_range_est_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->max_range_cpu_ns, 0, memory_order_relaxed);
     t->range_start_ns = 0;
     t->last_ask_ticks = 0;
     t->range_nodes = 0;
     t->range_work = 0.0;
-    t->probe_op = -1;
+    t->range_nkeys = 0;
+    t->probe_key = -1;
     atomic_thread_fence(memory_order_seq_cst);
 }
 
@@ -143,8 +166,29 @@ CB_EXPORT int64_t cb_token_max_range_ns(const cb_token *t) {
     return atomic_load_explicit(&((cb_token *)t)->max_range_ns, memory_order_relaxed);
 }
 
+CB_EXPORT int64_t cb_token_take_max_range_ns(cb_token *t) {
+    atomic_store_explicit(&t->max_range_cpu_ns, 0, memory_order_relaxed);
+    return atomic_exchange_explicit(&t->max_range_ns, 0, memory_order_relaxed);
+}
+
 CB_EXPORT double cb_token_ns_per_work(const cb_token *t) {
     return atomic_load_explicit(&((cb_token *)t)->ns_per_work, memory_order_relaxed);
+}
+
+CB_EXPORT uint64_t cb_token_probes(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->probes, memory_order_relaxed);
+}
+
+CB_EXPORT int64_t cb_token_max_range_cpu_ns(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->max_range_cpu_ns, memory_order_relaxed);
+}
+
+CB_EXPORT uint64_t cb_token_reprobes(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->reprobes, memory_order_relaxed);
+}
+
+CB_EXPORT int64_t cb_token_max_range_est_ns(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->max_range_est_ns, memory_order_relaxed);
 }
 
 CB_EXPORT int64_t cb_token_slice_ns(const cb_token *t) {
@@ -152,14 +196,16 @@ CB_EXPORT int64_t cb_token_slice_ns(const cb_token *t) {
 }
 
 /* What the eval reader learned about the model it polled: the cost per unit of
- * work and the per-op scales; the current range goes with them. Between graphs. */
+ * work and the per-key scales; the current range goes with them. Between graphs. */
 CB_EXPORT void cb_token_forget_costs(cb_token *t) {
     atomic_store_explicit(&t->ns_per_work, 0.0, memory_order_relaxed);
+    t->cpu_per_work = 0.0;
     t->range_nodes = 0;
     t->range_work = 0.0;
-    t->probe_op = -1;
+    t->range_nkeys = 0;
+    t->probe_key = -1;
     t->probe_work = 0.0;
-    for (int i = 0; i < CB_OP_CLASSES; i++) t->op_scale[i] = 0.0f;
+    for (int i = 0; i < CB_KEYS; i++) t->key_scale[i] = 0.0f;
     atomic_thread_fence(memory_order_seq_cst);
 }
 
@@ -278,6 +324,14 @@ CB_EXPORT double cb_node_work(const void *tensor) {
  * where a missed split end only makes the next range end early. */
 #define CB_ASK_GAP_TICKS 100000ULL
 
+/* The calling thread's CPU time (ns): a range's wall time minus this is time the
+ * graph thread waited (for a CPU, or on compute threads of its own). */
+static int64_t cb_thread_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
+}
+
 static inline uint64_t cb_ticks(void) {
 #if defined(__x86_64__) || defined(__i386__)
     return __rdtsc();
@@ -290,6 +344,29 @@ static inline uint64_t cb_ticks(void) {
 #endif
 }
 
+/* The cost key of a node: its op and the log2 bucket of its work. */
+static int cb_cost_key(int cls, double w) {
+    const uint64_t iw = w >= 1.0 ? (uint64_t)w : 1;
+    int b = 63 - __builtin_clzll(iw) - 10;  /* work >= CB_NODE_WORK = 2^10 for computed nodes */
+    if (b < 0) b = 0;
+    if (b >= CB_WORK_BUCKETS) b = CB_WORK_BUCKETS - 1;
+    return cls * CB_WORK_BUCKETS + b;
+}
+
+/* Follows a key's scaled work in the current range (for the per-key update). */
+static void cb_range_note(cb_token *t, int key, double sw) {
+    for (uint32_t i = 0; i < t->range_nkeys; i++) {
+        if (t->range_key[i] == key) {
+            t->range_key_work[i] += (float)sw;
+            return;
+        }
+    }
+    if (t->range_nkeys < CB_RANGE_KEYS) {
+        t->range_key[t->range_nkeys] = (uint16_t)key;
+        t->range_key_work[t->range_nkeys++] = (float)sw;
+    }
+}
+
 /* ask=true: count the node; "show me" once the range's work fills the slice. */
 static bool cb_eval_ask(cb_token *t, const void *tensor) {
     atomic_fetch_add_explicit(&t->polls, 1, memory_order_relaxed);
@@ -300,26 +377,34 @@ static bool cb_eval_ask(cb_token *t, const void *tensor) {
     const uint64_t ticks = cb_ticks();
     if (t->range_nodes == 0 || ticks - t->last_ask_ticks > CB_ASK_GAP_TICKS) {
         t->range_start_ns = cb_now_ns();
+        t->range_cpu_ns = cb_thread_cpu_ns();
         t->range_nodes = 0;
         t->range_work = 0.0;
+        t->range_nkeys = 0;
+        t->probe_key = -1;
     }
     t->last_ask_ticks = ticks;
     t->range_nodes++;
     int cls;
     const double w = cb_node_work_class(tensor, &cls);
+    const int key = cb_cost_key(cls, w);
     const int64_t slice = atomic_load_explicit(&t->slice_ns, memory_order_relaxed);
     const double ns_per_work = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
     if (ns_per_work <= 0.0) {  /* nothing learned: this node alone sets the scale */
-        t->op_scale[cls] = 1.0f;
+        t->key_scale[key] = 1.0f;
         t->range_work += w;
+        cb_range_note(t, key, w);
         return true;
     }
-    if (t->op_scale[cls] == 0.0f && slice > 0) {  /* an op not seen yet: end the range here, learn it */
-        t->probe_op = cls;
+    if (t->key_scale[key] <= 0.0f && slice > 0) {  /* a key not seen yet (or to learn again): end the range here, learn it */
+        t->probe_key = key;
+        t->probe_again = t->key_scale[key] < 0.0f;
         t->probe_work = w;
         return true;
     }
-    t->range_work += w * (t->op_scale[cls] > 0.0f ? t->op_scale[cls] : 1.0f);
+    const double sw = w * (t->key_scale[key] > 0.0f ? t->key_scale[key] : 1.0f);
+    t->range_work += sw;
+    cb_range_note(t, key, sw);
     return slice == 0 || t->range_work * ns_per_work >= (double)slice;
 }
 
@@ -329,25 +414,72 @@ static bool cb_eval_seen(cb_token *t) {
     atomic_fetch_add_explicit(&t->syncs, 1, memory_order_relaxed);
     if (t->range_nodes > 0) {
         const int64_t range_ns = now - t->range_start_ns;
+        const int64_t cpu_ns = cb_thread_cpu_ns() - t->range_cpu_ns;
+        const double est = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
         if (range_ns > atomic_load_explicit(&t->max_range_ns, memory_order_relaxed)) {
             atomic_store_explicit(&t->max_range_ns, range_ns, memory_order_relaxed);
+            atomic_store_explicit(&t->max_range_est_ns, (int64_t)(t->range_work * est), memory_order_relaxed);
         }
-        const double est = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
+        if (cpu_ns > atomic_load_explicit(&t->max_range_cpu_ns, memory_order_relaxed)) {
+            atomic_store_explicit(&t->max_range_cpu_ns, cpu_ns, memory_order_relaxed);
+        }
         const double took = (double)(range_ns > 0 ? range_ns : 1);
-        if (t->probe_op >= 0 && est > 0.0) {
-            /* what the known nodes should have taken; the rest is the new op's (at least a quarter) */
-            double rest = took - t->range_work * est;
-            if (rest < 0.25 * took) rest = 0.25 * took;
-            t->op_scale[t->probe_op] = (float)(rest / (t->probe_work * est));
-        } else {
-            const double sample = took / (t->range_work > 1.0 ? t->range_work : 1.0);
-            atomic_store_explicit(&t->ns_per_work, est > 0.0 ? 0.75 * est + 0.25 * sample : sample,
-                                  memory_order_relaxed);
+        const double cpu = (double)(cpu_ns > 0 ? cpu_ns : 1);
+        /* What the work cost, for the key scales (relative costs of ops and shapes): the
+         * graph thread's CPU time when it computed the range (a CPU backend: at least a
+         * twentieth of the wall time), so time spent waiting for a CPU under load is not
+         * charged to the keys of the range it fell in; else (a device backend whose
+         * thread sleeps through the sync) the wall time. */
+        const bool cpu_live = cpu * 20.0 >= took;
+        const double kt = cpu_live ? cpu : took;
+        const double kest = cpu_live && t->cpu_per_work > 0.0 ? t->cpu_per_work : est;
+        if (t->probe_key >= 0 && est > 0.0) {
+            /* what the known nodes should have cost; the rest is the new key's (at least a quarter) */
+            double rest = kt - t->range_work * kest;
+            if (rest < 0.25 * kt) rest = 0.25 * kt;
+            t->key_scale[t->probe_key] = (float)(rest / (t->probe_work * kest));
+            atomic_fetch_add_explicit(t->probe_again ? &t->reprobes : &t->probes, 1, memory_order_relaxed);
+        } else if (est <= 0.0) {
+            const double work = t->range_work > 1.0 ? t->range_work : 1.0;
+            atomic_store_explicit(&t->ns_per_work, took / work, memory_order_relaxed);
+            t->cpu_per_work = cpu_live ? cpu / work : 0.0;
+        } else if (t->range_work > 0.0) {
+            /* r: what the range took (wall) over its estimate. The cost per unit of work
+             * follows it (fast up: load arrives at once; slower down): it sizes ranges in
+             * wall time, load included. */
+            double r = took / (t->range_work * est);
+            if (r > 8.0) r = 8.0;
+            if (r < 0.125) r = 0.125;
+            const double g = r > 1.0 ? 0.5 : 0.25;
+            atomic_store_explicit(&t->ns_per_work, est * (1.0 + g * (r - 1.0)), memory_order_relaxed);
+            /* rk: the same in cost (CPU time where live). Each key of the range moves by
+             * its share of the estimate: a key that holds the range is corrected there,
+             * one that is a sliver of it hardly moves. */
+            double rk = kt / (t->range_work * kest);
+            if (rk > 8.0) rk = 8.0;
+            if (rk < 0.125) rk = 0.125;
+            if (cpu_live) {
+                t->cpu_per_work = t->cpu_per_work > 0.0 ? t->cpu_per_work * (1.0 + 0.25 * (rk - 1.0))
+                                                        : cpu / t->range_work;
+            }
+            uint32_t worst = 0;
+            for (uint32_t i = 0; i < t->range_nkeys; i++) {
+                const double share = t->range_key_work[i] / t->range_work;
+                float *sc = &t->key_scale[t->range_key[i]];
+                *sc = (float)(*sc * (1.0 + 0.5 * share * (rk - 1.0)));
+                if (*sc < 1e-6f) *sc = 1e-6f;  /* stays learned (0 = not seen) */
+                if (t->range_key_work[i] > t->range_key_work[worst]) worst = i;
+            }
+            /* A range that cost over twice its estimate (in CPU time: not a wait for a
+             * CPU) holds a key the shares cannot find: its biggest key is learned again
+             * by a probe at its next node. */
+            if (cpu_live && rk >= 2.0 && t->range_nkeys > 1) t->key_scale[t->range_key[worst]] = -1.0f;
         }
     }
-    t->probe_op = -1;
+    t->probe_key = -1;
     t->range_nodes = 0;
     t->range_work = 0.0;
+    t->range_nkeys = 0;
     if (atomic_load_explicit(&t->flag, memory_order_relaxed) != 0) {
         cb_stamp_seen(t);
         return false;
@@ -367,10 +499,15 @@ static bool cb_eval_seen(cb_token *t) {
  * "show me" once the range's nodes hold as much work as fits in the slice at
  * the learned cost per unit of work (measured over each range, its first ask
  * to its sync, an exponential average; the first range after set_slice is one
- * node). A node's work is cb_node_work (its shapes) times its op's learned
- * scale: the first node of an op not seen yet ends its range, and what that
- * range took beyond the known nodes' share sets the op's scale (an im2col or
- * an erf costs far more per element than an add). Ranges therefore last
+ * node). A node's work is cb_node_work (its shapes) times the learned scale
+ * of its cost key, its op and the log2 bucket of its work: the first node of
+ * a key not seen yet ends its range, and what that range cost beyond the known
+ * nodes' share sets the key's scale (an im2col or an erf costs far more per
+ * element than an add, and one op at two sizes differs too); later ranges
+ * move each key by its share of the estimate, and a range that cost over twice
+ * its estimate re-probes its biggest key. "Cost" for the keys is the graph
+ * thread's CPU time when it computed the range (waits for a CPU are not a
+ * key's cost); ns_per_work is wall time, load included. Ranges therefore last
  * about one slice, sync cost included; slice 0 syncs after every node (the
  * scheduler then runs the graph node by node). A set token is answered "show me" at once and "stop"
  * after the range, stamping seen_ns. polls counts nodes asked, syncs the

@@ -26,11 +26,14 @@
  *          serialized with cb_token_set by the caller (a set racing a reset
  *          can be lost; cancelbench holds the control's lock across both).
  *   Clears (trial state): the flag, set_ns, seen_ns, polls, syncs,
- *          max_range_ns, and the eval reader's current range (its start,
- *          nodes, work, and any op being probed).
+ *          max_range_ns, the debug counters (probes, reprobes, max_range_est_ns,
+ *          max_range_cpu_ns), and
+ *          the eval reader's current range (its start, nodes, work, and any
+ *          key being probed).
  *   Keeps (configuration and what was learned about the model):
  *          the slice (cb_token_set_slice_ns), the learned cost per unit of
- *          work (ns_per_work) and the learned per-op scales. These describe
+ *          work (ns_per_work) and the learned per-key scales (a key: an op
+ *          and the log2 bucket of a node's work). These describe
  *          the model, backend and slice, not a trial; re-learning them every
  *          trial would make each trial's first ranges probes. They are
  *          forgotten by cb_token_forget_costs (call it when the token is bound
@@ -124,7 +127,7 @@ CB_EXPORT void cb_token_set_slice_ns(cb_token *t, int64_t slice_ns);
 CB_EXPORT int64_t cb_token_slice_ns(const cb_token *t);
 
 /* Forgets what the eval reader learned about the model it polled: the cost
- * per unit of work (ns_per_work back to 0) and every per-op scale, and drops
+ * per unit of work (ns_per_work back to 0) and every per-key scale, and drops
  * the current range. Keeps the slice, the flag, stamps and counters. Call it
  * when the token becomes the eval-reader user data of a new model/context, so
  * costs are re-learned from that model's own graphs. Between graphs. */
@@ -138,9 +141,41 @@ CB_EXPORT uint64_t cb_token_syncs(const cb_token *t);
  * its sync (ns). Any thread. */
 CB_EXPORT int64_t cb_token_max_range_ns(const cb_token *t);
 
+/* Returns cb_token_max_range_ns and sets it to 0 (one atomic exchange; it
+ * also sets cb_token_max_range_cpu_ns to 0: read that first), so the
+ * longest range of one native call can be read apart from the calls before it
+ * (a profile per graph: take before the call, take after it). A range that
+ * ends while another thread takes may land on either side. Any thread. */
+CB_EXPORT int64_t cb_token_take_max_range_ns(cb_token *t);
+
 /* The learned cost of one unit of node work, sync share included (ns per
  * work unit, an exponential average); 0 = not learned yet. Any thread. */
 CB_EXPORT double cb_token_ns_per_work(const cb_token *t);
+
+/* Debug counter: eval-reader ranges ended by a node whose cost key (its op and
+ * the log2 bucket of its work) had not been seen, to learn that key's scale,
+ * since the last reset. Any thread. */
+CB_EXPORT uint64_t cb_token_probes(const cb_token *t);
+
+/* Debug counter: eval-reader ranges ended to learn a known key again (a range
+ * that cost over twice its estimate in CPU time re-probes its biggest key),
+ * since the last reset. Any thread. */
+CB_EXPORT uint64_t cb_token_reprobes(const cb_token *t);
+
+/* Debug counter: what the reader estimated the longest range since the last
+ * reset (cb_token_max_range_ns) would take, ns (the nodes counted before the
+ * range ended at the learned costs; a probe's new node is not in it). Any
+ * thread. */
+CB_EXPORT int64_t cb_token_max_range_est_ns(const cb_token *t);
+
+/* Debug counter: the most CPU time (ns, CLOCK_THREAD_CPUTIME_ID) the graph
+ * thread spent in one eval-reader range since the last reset (or take). On a
+ * CPU backend computing on the graph thread it is what the longest range's work
+ * cost, waits for a CPU left out: with slice 0 the largest node's CPU time, a
+ * measure that holds under load. Far below cb_token_max_range_ns: ranges
+ * waited (for a CPU, or on a device / compute threads of the backend). Any
+ * thread. */
+CB_EXPORT int64_t cb_token_max_range_cpu_ns(const cb_token *t);
 
 /* --- process-wide ggml tensor layout ----------------------------------- */
 

@@ -152,3 +152,27 @@ def test_graph_eval_on_vulkan_lavapipe(vulkan_site, lavapipe_index, small_text_m
     out = json.loads(line[len("RESULT:"):])
     assert "vulkan:0" in out["devices"], out["devices"]  # lavapipe was the child's Vulkan device
     check(out)
+
+
+def test_cost_keys_learned_once_per_op_and_shape_on_a_real_graph(text_model):
+    """On a real text graph (CPU): the first hooked trial meets cost keys (op x work bucket)
+    it has not seen and ends a range to learn each (probes > 0); an identical second trial meets
+    none (probes == 0: what was learned is kept across resets; re-probes of a known key after a
+    range overran, which depend on timing, are counted apart in ``reprobes``); forget_costs (a
+    new model) makes the next trial learn them again. Counters only, no wall-clock bound."""
+    eng = TextEngine({"model": text_model, "n_threads": 2, "prompt_tokens": 64, "n_batch": 64, "max_tokens": 2,
+                      "n_gpu_layers": 0, "graph_slice_us": native.DEFAULT_GRAPH_SLICE_US})
+    token = native.CancelToken()
+    try:
+        first, _ = _trial(eng, token)
+        probes_first = token.probes
+        second, _ = _trial(eng, token)
+        probes_second = token.probes
+        eng.graph_token.forget_costs()
+        third, _ = _trial(eng, token)
+        probes_third = token.probes
+    finally:
+        eng.close()
+    assert first.outcome == second.outcome == third.outcome == "completed"
+    assert first.output_sha256 == second.output_sha256 == third.output_sha256
+    assert probes_first > 0 and probes_second == 0 and probes_third == probes_first

@@ -254,3 +254,57 @@ def test_forget_costs_clears_the_per_op_scales():
         t.reset()
         assert learn_a_then_ask_b() is True, "forget_costs kept op B's learned scale"
         """)
+
+
+def test_cost_keys_are_op_and_work_bucket():
+    """The learned scale is keyed by op *and* the log2 bucket of a node's work: after a small
+    node of op B is learned, a same-bucket node of B keeps the range open, while a node of B
+    a thousand times larger is a new key, ends its range and is learned on its own (the
+    probes counter); a second large one then keeps the range open. Fake tensors as in the
+    test above, in a subprocess for the same reason."""
+    _python("""
+        import ctypes, struct
+        import cancelbench.native as native
+
+        NE, OP, FLAGS, SRC = 16, 80, 84, 88
+        keep = []
+
+        def tensor(ne, op, flags, src=()):
+            buf = ctypes.create_string_buffer(256)
+            struct.pack_into("4q", buf, NE, *ne)
+            struct.pack_into("ii", buf, OP, op, flags)
+            for i, s in enumerate(src):
+                struct.pack_into("Q", buf, SRC + 8 * i, ctypes.addressof(s))
+            keep.append(buf)
+            return buf
+
+        k, m, n = 48, 80, 7
+        a = tensor((k, m, 1, 1), 0, 1)
+        b = tensor((k, n, 1, 1), 0, 0)
+        mm = tensor((m, n, 1, 1), 26, 2, (a, b))
+        assert native.calibrate_eval_reader(ctypes.addressof(a), ctypes.addressof(b), ctypes.addressof(mm), k, m, n)
+        COMPUTE = 16
+        node_a = ctypes.addressof(tensor((1000, 1, 1, 1), 5, COMPUTE))
+        b_small = ctypes.addressof(tensor((1000, 1, 1, 1), 6, COMPUTE))    # work 2024: bucket 0
+        b_small2 = ctypes.addressof(tensor((900, 1, 1, 1), 6, COMPUTE))    # work 1924: bucket 0
+        b_large = ctypes.addressof(tensor((1000, 1000, 1, 1), 6, COMPUTE))  # work ~1e6: bucket 9
+
+        ev = native._lib().cb_token_eval_reader
+        t = native.CancelToken()
+        t.set_slice_us(10_000_000)
+        assert ev(node_a, True, t.address) is True and ev(None, False, t.address) is True  # sets the cost
+        assert t.probes == 0
+        assert ev(b_small, True, t.address) is True and ev(None, False, t.address) is True  # B small: a probe
+        assert t.probes == 1
+        assert ev(b_small2, True, t.address) is False  # same op, same bucket: known, the range stays open
+        assert ev(b_large, True, t.address) is True, "a 1000x larger node of a known op was not a new key"
+        assert ev(None, False, t.address) is True
+        assert t.probes == 2
+        assert ev(b_large, True, t.address) is False  # learned: the range stays open
+        assert ev(None, False, t.address) is True
+        assert t.probes == 2 and t.max_range_ns > 0 and t.max_range_cpu_ns >= 0
+        assert t.take_max_range_ns() > 0 and t.max_range_ns == 0 == t.max_range_cpu_ns  # take: read, cleared
+        t.reset()
+        assert t.probes == 0  # a trial counter; the learned keys stay
+        assert ev(b_large, True, t.address) is False and ev(b_small, True, t.address) is False
+        """)
