@@ -328,14 +328,7 @@ def cpu_sweep(args) -> int:
     if args.sweep_trials is not None:
         config = harness.with_trials(config, args.sweep_trials)
     machine = harness.machine_facts()
-    try:
-        facts = (harness.previous_run(json_path) if args.resummarise
-                 else harness.run(config, out, force=args.force, json_path=json_path, resume=args.resume))
-    except harness.OutputExists as exc:
-        print(f"bench_graph_eval: {exc}", file=sys.stderr)
-        return 2
-    if args.resummarise:  # the config the dataset was run with, not this command line's
-        config = harness.config_of(out)
+    config, facts = harness.run_or_resummarise("bench_graph_eval", args, config, out, json_path)
     if args.resummarise:  # the calibration belongs to the run: keep it
         node_ms = json.loads(json_path.read_text())["largest_node"]["ms"]
     else:
@@ -780,6 +773,7 @@ def main() -> int:
     ap.add_argument("--note", default="", help="cpu part: free text stored in the JSON")
     ap.add_argument("--resummarise", action="store_true",
                     help="cpu part: summarise the existing dataset again (no sweep; run facts from its JSON)")
+    ap.add_argument("--resume", action="store_true", help="cpu part: continue an interrupted run's dataset")
     ap.add_argument("--cpu-text-loop", action="store_true",
                     help="also run the old in-process CPU text loop (not through the sweep path)")
     ap.add_argument("--text-overhead-loop", action="store_true",
