@@ -183,7 +183,8 @@ class DeviceRun:
             raise ReferencesFailed(f"{self.key}: workload {trial.workload}: none of the {len(refs)} reference "
                                    f"runs of {trial.mechanism} completed; first error: "
                                    f"{' '.join(str(refs[0].get('error')).split())[:300]}")
-        timeline = ReferenceTimeline.from_rows(refs)
+        pooled = [r for (workload, _), rows in self.refs.items() if workload == trial.workload for r in rows]
+        timeline = ReferenceTimeline.from_rows(refs, pooled)
         return resolve_offset(trial, timeline), (timeline.duration_ms if timeline else None)
 
     def _run_trial(self, trial: TrialSpec) -> dict:

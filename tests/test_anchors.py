@@ -115,6 +115,27 @@ def test_a_phase_anchor_shrinks_its_delay_for_a_fast_trial_and_never_stretches_i
     assert delay(100.0) == 10_000_000
 
 
+def test_phase_stays_are_the_shortest_over_every_mechanisms_references():
+    """Known answer: the cell's reference run is its own (graph_eval, lower median), but the
+    shortest prompt stay comes from every mechanism's references of the workload: three slow
+    graph_eval runs do not make a 600 ms prompt "at least 1.6 s"."""
+    import json
+
+    from cancelbench.orchestrator.plan import ReferenceTimeline
+
+    def ref(mech: str, tid: str, prompt_ms: float, steps: int) -> dict:
+        tl = [["prompt", 0.0, prompt_ms], ["code2wav", prompt_ms, prompt_ms + 5000.0]]
+        return {"trial_id": tid, "mechanism": mech, "outcome": "completed", "duration_ms": prompt_ms + 5000.0,
+                "phase_timeline_json": json.dumps(tl), "phase_steps_json": json.dumps({"prompt": steps})}
+
+    own = [ref("graph_eval", f"g{i}", ms, 4) for i, ms in enumerate((1624.0, 17584.0, 21185.0))]
+    pooled = own + [ref("between_calls", f"b{i}", ms, 4) for i, ms in enumerate((598.0, 677.0, 693.0))]
+    alone, pool = ReferenceTimeline.from_rows(own), ReferenceTimeline.from_rows(own, pooled)
+    assert alone.first_stay_ms["prompt"] == 1624.0 and pool.first_stay_ms["prompt"] == 598.0
+    assert pool.step_ms["prompt"] == 598.0 / 4
+    assert pool.duration_ms == alone.duration_ms == 17584.0 + 5000.0  # the cell's own reference run
+
+
 def test_anchor_watch_fires_on_the_kth_step_with_the_previous_steps_length():
     """The progress anchor's delay follows the trial's own step length (known answer)."""
     from cancelbench.device_agents.anchors import AnchorWatch
