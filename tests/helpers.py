@@ -63,7 +63,7 @@ def leak_kb_per_cycle(rss: list[int], warmup: int = 5, one_time_steps: int = ONE
     return sum(kept) / len(kept)
 
 
-def probe_sweep(trials: int, duration_us: int = 20_000) -> str:
+def probe_sweep(trials: int, duration_us: int = 20_000, names: tuple[str, ...] = ("probe",)) -> str:
     """A sweep TOML of the known-answer probe engine: immediate cancels, agent delivery,
     one mechanism; small and quick, for tests of the sweep's bookkeeping (exactly once,
     signals, a full disk), not of an engine."""
@@ -75,9 +75,9 @@ deliveries = ["agent"]
 ping_samples = 3
 [offsets]
 plan = "immediate"
-[[workload]]
-name = "probe"
+""" + "".join(f"""[[workload]]
+name = "{name}"
 engine = "probe"
 duration_us = {duration_us}
 period_us = 1000
-"""
+""" for name in names)

@@ -17,6 +17,7 @@ from cancelbench.orchestrator.config import OffsetSpec, SweepConfig, WorkloadSpe
 from cancelbench.orchestrator.plan import build_plan, device_id_part
 from cancelbench.sink import sanitize_path_part
 from report_fixtures import cell_rows, write_dataset
+from helpers import probe_sweep
 from test_cli import cancelbench, snapshot, write
 
 
@@ -98,23 +99,7 @@ def test_property_distinct_names_never_share_a_trial_id_or_partition(seed):
     assert len(ids) == len(set(ids)) == len(devices) * len(workloads) * (3 + 2 * 2)
 
 
-PUNCTUATION_SWEEP = """
-[sweep]
-trials_per_cell = 3
-mechanisms = ["abort_callback"]
-deliveries = ["agent"]
-ping_samples = 3
-[offsets]
-plan = "immediate"
-[[workload]]
-name = "a/b"
-engine = "probe"
-duration_us = 1000
-[[workload]]
-name = "a_b"
-engine = "probe"
-duration_us = 1000
-"""
+PUNCTUATION_SWEEP = probe_sweep(3, duration_us=1000, names=("a/b", "a_b"))
 
 
 def test_a_sweep_of_names_that_differ_only_in_punctuation_writes_every_trial_once(tmp_path):

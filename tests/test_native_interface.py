@@ -206,13 +206,9 @@ def test_reset_keeps_learned_costs_and_forget_costs_returns_them_to_the_initial_
     t.close()
 
 
-def test_forget_costs_clears_the_per_op_scales():
-    """Per-op scales, with fake tensors laid out as cb_eval_calibrate expects (ne at 16, op at
-    80, flags at 84, src at 88). After op A set the cost, the first node of op B ends its
-    range to learn B's scale; once learned it does not. After forget_costs B is unknown
-    again. Run in a subprocess: calibration is process-wide and must not leak into the
-    layout learned from the real ggml by other tests."""
-    _python("""
+# Fake tensors laid out as cb_eval_calibrate expects (ne at 16, op at 80, flags at 84, src at
+# 88), with the reader calibrated on them: the prelude of the subprocess scripts below.
+FAKE_TENSORS = """
         import ctypes, struct
         import cancelbench.native as native
 
@@ -234,6 +230,16 @@ def test_forget_costs_clears_the_per_op_scales():
         mm = tensor((m, n, 1, 1), 26, 2, (a, b))
         assert native.calibrate_eval_reader(ctypes.addressof(a), ctypes.addressof(b), ctypes.addressof(mm), k, m, n)
         COMPUTE = 16
+"""
+
+
+def test_forget_costs_clears_the_per_op_scales():
+    """Per-op scales, with fake tensors laid out as cb_eval_calibrate expects (ne at 16, op at
+    80, flags at 84, src at 88). After op A set the cost, the first node of op B ends its
+    range to learn B's scale; once learned it does not. After forget_costs B is unknown
+    again. Run in a subprocess: calibration is process-wide and must not leak into the
+    layout learned from the real ggml by other tests."""
+    _python(FAKE_TENSORS + """
         node_a = ctypes.addressof(tensor((1000, 1, 1, 1), 5, COMPUTE))
         node_b = ctypes.addressof(tensor((1000, 1, 1, 1), 6, COMPUTE))
         assert native.node_work(node_a) == 1000 + 1024  # the fake layout is read as intended
@@ -262,28 +268,7 @@ def test_cost_keys_are_op_and_work_bucket():
     a thousand times larger is a new key, ends its range and is learned on its own (the
     probes counter); a second large one then keeps the range open. Fake tensors as in the
     test above, in a subprocess for the same reason."""
-    _python("""
-        import ctypes, struct
-        import cancelbench.native as native
-
-        NE, OP, FLAGS, SRC = 16, 80, 84, 88
-        keep = []
-
-        def tensor(ne, op, flags, src=()):
-            buf = ctypes.create_string_buffer(256)
-            struct.pack_into("4q", buf, NE, *ne)
-            struct.pack_into("ii", buf, OP, op, flags)
-            for i, s in enumerate(src):
-                struct.pack_into("Q", buf, SRC + 8 * i, ctypes.addressof(s))
-            keep.append(buf)
-            return buf
-
-        k, m, n = 48, 80, 7
-        a = tensor((k, m, 1, 1), 0, 1)
-        b = tensor((k, n, 1, 1), 0, 0)
-        mm = tensor((m, n, 1, 1), 26, 2, (a, b))
-        assert native.calibrate_eval_reader(ctypes.addressof(a), ctypes.addressof(b), ctypes.addressof(mm), k, m, n)
-        COMPUTE = 16
+    _python(FAKE_TENSORS + """
         node_a = ctypes.addressof(tensor((1000, 1, 1, 1), 5, COMPUTE))
         b_small = ctypes.addressof(tensor((1000, 1, 1, 1), 6, COMPUTE))    # work 2024: bucket 0
         b_small2 = ctypes.addressof(tensor((900, 1, 1, 1), 6, COMPUTE))    # work 1924: bucket 0
