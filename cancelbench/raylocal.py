@@ -70,6 +70,11 @@ def start_local(**init_kwargs) -> None:
     from cancelbench import signals, watchdog
 
     use_auth_mode("token")
+    # Ray runs its workers at nice 15 (RayConfig worker_niceness) so they yield to the system;
+    # for a device agent that is the measurement itself: beside any other work at nice 0 it
+    # gets a few percent of a core and every cancel waits for the scheduler. The raylet reads
+    # this from its environment when it starts. Records carry each agent's niceness.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     parent, temp_dir = private_temp_dir()
     watchdog.start(parent)  # before ray.init: a Ray that fails to start is cleaned up too, and the directory
     with loopback_node_ip():

@@ -109,6 +109,7 @@ _FIELDS: list[tuple] = [
     ("os_release", _STR, "host", "OS name and version of the agent host (os-release PRETTY_NAME, macOS version)"),
     ("kernel_version", _STR, "host", "kernel release of the agent host (uname -r)"),
     ("gpu_driver_version", _STR, "host", "GPU driver version of the agent's device (Vulkan/NVIDIA), null on CPU"),
+    ("agent_niceness", _I32, "host", "the agent process's nice value (Ray starts workers at 15 unless RAY_worker_niceness says otherwise; a cancelbench-started Ray: 0)"),
     ("workload", _STR, "settings", "workload name from the sweep config"),
     ("engine", _STR, "settings", "text | tts | stt | probe | sim (simulated: waits, not compute)"),
     ("model", _STR, "settings", "model file name"),

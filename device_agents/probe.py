@@ -128,4 +128,5 @@ def probe_host(device_id: str = "cpu:0", device_name: str | None = None, n_threa
         "kernel_version": platform.release() or None,
         "gpu_driver_version": gpu_driver_version(device_id),
         "pid": os.getpid(),
+        "agent_niceness": os.getpriority(os.PRIO_PROCESS, 0),
     }

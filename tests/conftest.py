@@ -22,6 +22,8 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "token")  # before any `import ray`
+# The test clusters' agents at normal priority, as a cancelbench-started Ray runs them (raylocal).
+os.environ.setdefault("RAY_worker_niceness", "0")
 # This run's own Ray temp dir (subprocesses inherit it): the Rays of this run, and only
 # they, leave their session directories there. Short on purpose (Ray's socket paths).
 _RAY_TMP = Path(tempfile.mkdtemp(prefix="cbt-", dir=os.environ.get("RAY_TMPDIR") or "/tmp"))

@@ -100,6 +100,7 @@ class NetnsCluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "CANCELBENCH_TEST"))}
         env.update(HOME=str(self.home), VIRTUAL_ENV=str(VENV_BIN.parent), PATH=f"{VENV_BIN}:{env.get('PATH', '')}",
                    PYTHONUNBUFFERED="1")
+        env["RAY_worker_niceness"] = "0"  # agents at normal priority, as a cancelbench-started Ray runs them
         if self.auth:
             env["RAY_AUTH_MODE"] = "token"
         env.update(extra)

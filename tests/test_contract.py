@@ -5,6 +5,7 @@ deliveries, and diff refuses to compare different experiments."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,7 @@ def test_records_carry_every_setting_and_offsets_run_from_the_hand_back(local_ra
     assert set(tts.max_frames) == {2} and set(tts.temp) == {0.7} and set(tts.top_k) == {17}
     assert set(tts.sampling_seed) == {4242}
     assert set(text.use_extra_bufts) == {True} and set(tts.use_extra_bufts) == {False}  # the engine's, as loaded
+    assert set(df.agent_niceness) == {0}  # the agent at normal priority, not at Ray's worker default of 15
     assert tts.prompt_tokens.isna().all()  # a text-only setting is no column of a tts trial
     assert set(text.model) == {"text-llama-57m"} and text.mmproj.isna().all()
     assert set(tts.model) == set(tts.mmproj) == {"qwen3tts-fixture"}
@@ -121,9 +123,11 @@ n_batch = 32
 graph_slice_us = {slice_us}
 """)
     out = tmp_path / name
+    env = {k: v for k, v in os.environ.items() if k != "RAY_worker_niceness"}  # what the CLI itself sets
     r = subprocess.run([sys.executable, "-m", "cancelbench.cli", "sweep", "--config", str(toml), "--out", str(out), "--quiet", "--no-summary"],
-                       capture_output=True, text=True, timeout=900)
+                       capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert set(read_records(out).agent_niceness) == {0}  # a Ray the CLI starts runs its agents at nice 0
     return out
 
 
