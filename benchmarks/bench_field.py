@@ -62,7 +62,6 @@ FIELD = {
 }
 
 
-
 # ----------------------------------------------------------------------------- cells from records
 
 def _interval(values, p: float) -> dict | None:
@@ -211,12 +210,13 @@ def _ms(x) -> str:
     return "-" if x is None else (f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2f}")
 
 
-def _fig(iv: dict | None) -> str:
-    """p with its 95% interval: "21 [14-40]"; an open side is shown as "..."."""
+def _fig(iv: dict | None, scale: float = 1.0) -> str:
+    """p with its 95% interval, times ``scale``: "21 [14-40]"; an open side is shown as "..."."""
     if iv is None:
         return "n too small"
+    side = lambda v: "..." if v is None else _ms(v * scale)  # noqa: E731
     lo, hi = iv["ci95"]
-    return f"{_ms(iv['value'])} [{_ms(lo) if lo is not None else '...'}-{_ms(hi) if hi is not None else '...'}]"
+    return f"{_ms(iv['value'] * scale)} [{side(lo)}-{side(hi)}]"
 
 
 def _cell_text(cell: dict) -> str:
@@ -244,7 +244,7 @@ def comparison(cells: list[dict], stays: dict, cal: dict | None) -> list[dict]:
         if wl == "stt-field" and c["cost_ratio_p50"]:
             rows.append({"row": f"STT cancel cost / reference run, in {phase}, `{mech}` (p50)",
                          "field": f"{_rng([x * 100 for x in FIELD['stt_cost_ratio']])}%",
-                         "cancelbench": f"{_fig({**c['cost_ratio_p50'], 'value': c['cost_ratio_p50']['value'] * 100, 'ci95': [v * 100 if v is not None else None for v in c['cost_ratio_p50']['ci95']]})} %"})
+                         "cancelbench": f"{_fig(c['cost_ratio_p50'], scale=100)} %"})
     if cal:
         imm = cal["tts_immediate"]
         rows.append({"row": "TTS cancel before the engine is active: status quo (dropped, emulated)",

@@ -694,22 +694,12 @@ def table(result: dict) -> list[str]:
     return rows
 
 
-def machine_facts() -> dict:
-    import platform
-    facts = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-             "llama_cpp_python": getattr(llama_cpp, "__version__", None)}
-    try:
-        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                      if ln.startswith("model name")), None)
-        facts["cpu_model"] = model
-    except OSError:
-        pass
-    return facts
-
-
 def graphs_part(args) -> int:
     t0 = time.time()
-    result = {"bench": "graph_eval_load", "machine": machine_facts(), "loadavg_start": os.getloadavg(),
+    import harness
+
+    machine = {**harness.machine_facts(), "llama_cpp_python": getattr(llama_cpp, "__version__", None)}
+    result = {"bench": "graph_eval_load", "machine": machine, "loadavg_start": os.getloadavg(),
               "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "how": "per graph: largest node = median over --node-profiles uncancelled slice-0 runs of the "
                      "longest eval-reader range (one node + its sync) inside that graph's step calls "

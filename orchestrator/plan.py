@@ -54,8 +54,6 @@ class TrialSpec:
 _FIELDS = tuple(f.name for f in fields(TrialSpec))
 
 
-
-
 def _stream(seed: int, *parts: str) -> np.random.Generator:
     key = zlib.crc32("\x1f".join(parts).encode())
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, key])))
