@@ -36,8 +36,6 @@ def wait_for(predicate, what: str, proc: subprocess.Popen | None = None, timeout
         time.sleep(0.05)
 
 
-
-
 # A sweep still running when its records are on disk, by construction: after a quick workload whose
 # records the timer flushes, the second workload's reference trials each take an hour.
 LONG_PROBE_SWEEP = probe_sweep(4) + """
