@@ -14,8 +14,13 @@ with the numbers: this machine is shared and noisy.
 The trial window is taken from the records (first hand-back to last terminal,
 one CLOCK_MONOTONIC on this host), so agent start-up is not counted as trials.
 
+With ``--netns-hosts K`` the devices are spread over K hosts in Linux network
+namespaces (tests/netns.py: a real ``ray start`` per host, token auth), N/K per
+host, and the driver runs in the head's namespace as on a head machine; the
+agents' CPU is then that of every DeviceAgent process on this machine.
+
     python benchmarks/bench_scale.py [--devices 1 8 32 64] [--trials 4] [--label before]
-        [--phase-us 20000] [--out benchmarks/results/scale.json]
+        [--phase-us 20000] [--netns-hosts 3] [--out benchmarks/results/scale.json]
 
 A run is appended under its ``--label`` (e.g. before / after a driver change).
 """
@@ -84,7 +89,7 @@ class CpuSampler:
 # of this Ray (gcs, raylet, dashboard, idle workers). One JSON line per sample.
 _CHILD_SAMPLER = r"""
 import json, os, sys, time
-root = int(sys.argv[1]); tick = os.sysconf("SC_CLK_TCK")
+root = int(sys.argv[1]); tick = os.sysconf("SC_CLK_TCK")  # root 0: every agent on this machine
 while True:
     procs = {}
     for d in os.listdir("/proc"):
@@ -104,7 +109,9 @@ while True:
         return False
     agents = other = 0.0; n = 0
     for pid, (_, cpu, is_agent) in procs.items():
-        if pid != root and under(pid):
+        if root == 0 and is_agent:
+            agents += cpu; n += 1
+        elif root and pid != root and under(pid):
             if is_agent:
                 agents += cpu; n += 1
             else:
@@ -115,10 +122,14 @@ while True:
 
 
 class ChildCpu:
-    """CPU of the agents and of the rest of Ray (the driver's descendants), from a sampler process."""
+    """CPU of the agents and of the rest of Ray (the driver's descendants), from a sampler process;
+    ``everywhere``: of every agent process on this machine (a cluster's agents are not the driver's)."""
+
+    def __init__(self, everywhere: bool = False) -> None:
+        self.root = 0 if everywhere else os.getpid()
 
     def __enter__(self):
-        self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_SAMPLER, str(os.getpid())],
+        self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_SAMPLER, str(self.root)],
                                      stdout=subprocess.PIPE, text=True)
         return self
 
@@ -134,7 +145,8 @@ class ChildCpu:
         a, b = inside[0], inside[-1]
         dt = (b[0] - a[0]) / 1e9
         return {"agents_cpu_core_share": round((b[1] - a[1]) / dt, 3),
-                "ray_other_cpu_core_share": round((b[2] - a[2]) / dt, 3), "agents_seen": b[3]}
+                "ray_other_cpu_core_share": round((b[2] - a[2]) / dt, 3) if self.root else None,
+                "agents_seen": b[3]}
 
 
 def _pcts(values) -> dict:
@@ -145,7 +157,8 @@ def _pcts(values) -> dict:
             "max": round(max(v), 3)}
 
 
-def run(n: int, trials: int, phase_us: int, granularity_us: int) -> dict:
+def run(n: int, trials: int, phase_us: int, granularity_us: int, address: str | None = None,
+        hosts: int = 1) -> dict:
     from cancelbench.orchestrator.config import DeviceSelector, OffsetSpec, SweepConfig, WorkloadSpec
     from cancelbench.orchestrator.runner import Sweep
     from cancelbench.sink import read_records
@@ -155,11 +168,11 @@ def run(n: int, trials: int, phase_us: int, granularity_us: int) -> dict:
     cfg = SweepConfig(seed=1, trials_per_cell=trials, reference_runs=3, workloads=(wl,),
                       mechanisms=("abort_callback",), deliveries=("driver",),
                       offsets=OffsetSpec(plan="uniform", max_fraction=0.8), ping_samples=5,
-                      devices=DeviceSelector(sim_per_host=n))
+                      devices=DeviceSelector(sim_per_host=n // hosts))
     load_start = os.getloadavg()
-    with tempfile.TemporaryDirectory() as d, CpuSampler() as cpu, ChildCpu() as children:
+    with tempfile.TemporaryDirectory() as d, CpuSampler() as cpu, ChildCpu(everywhere=hosts > 1) as children:
         t0 = time.monotonic()
-        result = Sweep(cfg, Path(d) / "out", progress=False).run()
+        result = Sweep(cfg, Path(d) / "out", address=address, progress=False).run()
         wall = time.monotonic() - t0
         df = read_records(Path(d) / "out")
     load_end = os.getloadavg()
@@ -172,7 +185,7 @@ def run(n: int, trials: int, phase_us: int, granularity_us: int) -> dict:
     c = df[df.trial_kind == "cancel"]
     planned = n * (3 + trials)
     return {
-        "devices": n, "planned": planned, "written": int(len(df)), "unique_trials": int(df.trial_id.nunique()),
+        "devices": n, "hosts": hosts, "hosts_seen": int(df.host.nunique()), "planned": planned, "written": int(len(df)), "unique_trials": int(df.trial_id.nunique()),
         "exit_code": result.exit_code, "outcomes": {k: int(v) for k, v in df.outcome.value_counts().items()},
         "sweep_wall_s": round(wall, 2), "trial_window_s": round(span_s, 3),
         "trials_per_s": round(len(df) / span_s, 2), "records_per_s": round(len(df) / span_s, 2),
@@ -183,16 +196,7 @@ def run(n: int, trials: int, phase_us: int, granularity_us: int) -> dict:
     }
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--devices", type=int, nargs="+", default=[1, 8, 32, 64])
-    ap.add_argument("--trials", type=int, default=20, help="driver-delivered cancels per device (plus 3 references)")
-    ap.add_argument("--phase-us", type=int, default=20_000)
-    ap.add_argument("--granularity-us", type=int, default=1_000)
-    ap.add_argument("--label", default="run")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.json")
-    args = ap.parse_args()
-
+def _run_local(args) -> list[dict]:
     import ray
 
     from cancelbench.orchestrator import cluster
@@ -206,13 +210,66 @@ def main() -> int:
             runs.append(r)
     finally:
         ray.shutdown()
+    return runs
+
+
+def _run_netns(args) -> list[dict]:
+    """A cluster of ``--netns-hosts`` namespaces; this script again, in the head's, per N."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import netns
+
+    why = netns.netns_unavailable()
+    if why:
+        raise SystemExit(f"bench_scale: --netns-hosts: {why}")
+    names = ["head"] + [f"host-{chr(ord('a') + i)}" for i in range(args.netns_hosts - 1)]
+    c = netns.NetnsCluster([(h, "cpu") for h in names]).start()
+    runs = []
+    try:
+        for n in args.devices:
+            r = c.run(c.head, [sys.executable, str(Path(__file__).resolve()), "--address", c.address,
+                               "--netns-hosts", str(args.netns_hosts), "--devices", str(n), "--trials",
+                               str(args.trials), "--phase-us", str(args.phase_us), "--granularity-us",
+                               str(args.granularity_us)], timeout=3600)
+            if r.returncode:
+                raise SystemExit(f"bench_scale: the run of {n} devices failed: {r.stderr[-2000:]}")
+            line = json.loads(r.stdout.strip().splitlines()[-1])
+            print(json.dumps(line), file=sys.stderr, flush=True)
+            runs.append(line)
+    finally:
+        c.teardown()
+    return runs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--devices", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--trials", type=int, default=20, help="driver-delivered cancels per device (plus 3 references)")
+    ap.add_argument("--phase-us", type=int, default=20_000)
+    ap.add_argument("--granularity-us", type=int, default=1_000)
+    ap.add_argument("--label", default="run")
+    ap.add_argument("--netns-hosts", type=int, default=1,
+                    help="spread the devices over this many network-namespace hosts (root; N divisible by it)")
+    ap.add_argument("--address", help=argparse.SUPPRESS)  # inside the head's namespace: the cluster to attach to
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.json")
+    args = ap.parse_args()
+
+    bad = [n for n in args.devices if n % args.netns_hosts]
+    if args.netns_hosts < 1 or bad:
+        print(f"bench_scale: --devices {bad} not divisible by --netns-hosts {args.netns_hosts}", file=sys.stderr)
+        return 2
+    if args.address:  # the inner run, in the head's namespace: one JSON line per N on stdout
+        for n in args.devices:
+            print(json.dumps(run(n, args.trials, args.phase_us, args.granularity_us, args.address,
+                                 args.netns_hosts)), flush=True)
+        return 0
+    runs = _run_netns(args) if args.netns_hosts > 1 else _run_local(args)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     entry = {"label": args.label, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": commit,
              "nproc": os.cpu_count(), "mem_total_gb": round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
                                                             / 2**30, 1),
              "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-             "sim_phase_us": args.phase_us, "sim_granularity_us": args.granularity_us,
+             "netns_hosts": args.netns_hosts, "sim_phase_us": args.phase_us, "sim_granularity_us": args.granularity_us,
              "trials_per_device": 3 + args.trials, "runs": runs}
     data = json.loads(args.out.read_text()) if args.out.exists() else {
         "benchmark": "bench_scale", "engine": "sim (simulated: waits, not compute)",

@@ -33,6 +33,10 @@ from .config import SweepConfig, trial_settings
 from .plan import ReferenceTimeline, Resolved, TrialSpec, resolve_offset
 
 OFFSET_REFRESH_S = 30.0  # re-ping an agent before a trial when its offset estimate is older
+# A trial still running after this long is asked for its phase, and again every as long, so a
+# trial lost to an agent death says where it died. A shorter trial costs no status call: at
+# 0.5 s polls a farm of second-long trials spent about two agent calls per trial on them.
+STATUS_EVERY_S = 2.0
 
 
 class ReferencesFailed(RuntimeError):
@@ -200,8 +204,7 @@ class DeviceRun:
         issue, cancel_ref = {}, None
         if at is not None and trial.delivery == "driver":
             issue, cancel_ref = self._deliver_from_driver(trial.trial_id)
-        self._watch(ref)
-        record = dataclasses.replace(merge(base, ray.get(ref)), **issue)
+        record = dataclasses.replace(merge(base, self._watch(ref)), **issue)
         if cancel_ref is not None:
             ray.get(cancel_ref)  # the hop is finished before the next trial; its effect is t_received_ns
         if trial.delivery == "agent":
@@ -228,15 +231,19 @@ class DeviceRun:
                 "t_cancel_scheduled_ns": t_anchor_ns + delay_ns,
                 "t_anchor_seen_ns": self.offset.to_agent(seen)}, cancel_ref
 
-    def _watch(self, ref) -> None:
-        """Wait for a trial; note its phase meanwhile, so a trial lost to an agent
-        death says where it died. No timeout: field-scale trials run for minutes."""
+    def _watch(self, ref):
+        """The trial's result; every STATUS_EVERY_S meanwhile its phase, so a trial lost to an
+        agent death says where it died. No timeout: field-scale trials run for minutes."""
         self.last_phase = None
-        while not ray.wait([ref], timeout=0.5)[0]:
+        while True:
+            try:
+                return ray.get(ref, timeout=STATUS_EVERY_S)
+            except ray.exceptions.GetTimeoutError:
+                pass
             try:
                 self.last_phase = ray.get(self.agent.status.remote(), timeout=5).get("phase")
             except Exception:
-                return
+                return ray.get(ref)
 
     def _refresh_offset(self) -> None:
         """Re-estimate the clock offset when the last estimate is older than

@@ -290,6 +290,60 @@ def test_host_cut_mid_sweep_then_rejoined_and_resumed(hosts, tmp_path):
     assert m2["status"] == "complete" and m2["resumed"] == 1 and not m2["not_run"]
 
 
+SIM_FARM_TOML = """
+[sweep]
+seed = 8
+trials_per_cell = 4
+reference_runs = 3
+mechanisms = ["abort_callback"]
+deliveries = ["driver", "agent"]
+[devices]
+sim_per_host = {per_host}
+[[workload]]
+name = "sim"
+engine = "sim"
+sim_phase_us = 30000
+sim_granularity_us = 1000
+sim_steps = 2
+"""
+
+
+@needs_netns
+def test_simulated_farm_on_three_hosts_killed_mid_sweep_then_resumed_exactly_once(hosts, tmp_path):
+    """A device farm in miniature: 11 simulated devices on each of the 3 hosts (33 agents), the
+    driver SIGKILLed once it has written records, then --resume: every planned trial exactly
+    once, and `report` reads the dataset (saying it is simulated)."""
+    out, toml = tmp_path / "farm", tmp_path / "farm.toml"
+    toml.write_text(SIM_FARM_TOML.format(per_host=11))
+    cmd = ["cancelbench", "sweep", "--config", str(toml), "--out", str(out), "--address", hosts.address,
+           "--quiet", "--no-summary"]
+    proc = hosts.popen(hosts.head, cmd)
+    try:
+        while not ((out / "records").is_dir() and any((out / "records").rglob("*.parquet"))):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        proc.kill()  # the driver only (SIGKILL): its agents end with its Ray job
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    plan = set(pq.read_table(out / "plan.parquet").column("trial_id").to_pylist())
+    assert len(plan) == 33 * (3 + 2 * 4)  # per device: 3 references, 4 cancels per delivery
+    first = read_records(out)
+    assert first.trial_id.is_unique and 0 < len(first) < len(plan)  # killed mid-sweep
+    r = hosts.run(hosts.head, cmd + ["--resume"])
+    df = read_records(out)
+    assert r.returncode == (1 if (df.outcome == "lost").any() else 0), r.stderr[-3000:]
+    assert df.trial_id.is_unique and set(df.trial_id) == plan  # every planned trial, exactly once
+    assert sorted(df.host.unique()) == ["head", "host-a", "host-b"] and df.device.nunique() == 11
+    assert df.outcome.isin(["cancelled", "completed", "lost"]).all() and (df.outcome == "cancelled").any()
+    assert read_manifest(out)["status"] == "complete"
+    rep = hosts.run(hosts.head, ["cancelbench", "report", str(out)])
+    assert rep.returncode in (0, 1), rep.stderr[-3000:]  # 1: a defect line (e.g. a lost trial), still a report
+    assert "SIMULATED" in rep.stdout, rep.stdout[:3000]
+    assert f"{33 * 2 * 4} cancel records from 1 dataset" in rep.stdout, rep.stdout[:3000]
+
+
 # -- a cluster with token auth off ----------------------------------------------------------------
 @needs_netns
 def test_unauthenticated_cluster_is_joined_with_a_warning(tmp_path):

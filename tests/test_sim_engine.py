@@ -240,3 +240,39 @@ def test_the_driver_cancel_timer_never_spins_holding_the_gil(monkeypatch):
     assert reads[-1] >= 5_000_000 > reads[-2]  # returns at the first read past the deadline
     assert len(calls) == len(reads) - 1  # every pass but the returning one slept (or yielded)
     assert calls[0] * 1e9 >= 5_000_000 - 30_000 - device_run.SPIN_NS - 1  # most of the wait in one sleep
+
+
+def test_a_long_trial_is_asked_for_its_phase_and_a_short_one_is_not(local_ray, monkeypatch):
+    """The driver asks a running trial for its phase only once it has run STATUS_EVERY_S (so a
+    trial lost to an agent death says where it died, and short trials cost no status call)."""
+    from types import SimpleNamespace
+
+    from cancelbench.device_agents.agent import remote_agent_class
+    from cancelbench.orchestrator import device_run
+
+    agent = remote_agent_class().options(num_cpus=0).remote(device_id="sim:0")
+    try:
+        local_ray.get(agent.load.remote({**SIM, "sim_phase_us": 200_000, "locks": {}}))
+        calls = []
+        real_status = agent.status
+
+        class Counting:  # the agent handle, counting status calls
+            def __getattr__(self, name):
+                if name == "status":
+                    calls.append(1)
+                    return real_status
+                return getattr(agent, name)
+
+        watcher = SimpleNamespace(agent=Counting(), last_phase=None)
+        monkeypatch.setattr(device_run, "STATUS_EVERY_S", 0.02)
+        ref = agent.run_trial.remote(TrialRequest("abort_callback", "", trial_id="long"))
+        row = device_run.DeviceRun._watch(watcher, ref)
+        assert row.outcome == "completed" and calls  # 200 ms+ trial, 20 ms period: asked
+        assert watcher.last_phase in {"prefill", "generate"}
+        calls.clear()
+        monkeypatch.setattr(device_run, "STATUS_EVERY_S", 600.0)
+        ref = agent.run_trial.remote(TrialRequest("abort_callback", "", trial_id="short"))
+        assert device_run.DeviceRun._watch(watcher, ref).outcome == "completed"
+        assert not calls and watcher.last_phase is None  # done before the first ask
+    finally:
+        local_ray.kill(agent)
