@@ -21,6 +21,7 @@ agents' CPU is then that of every DeviceAgent process on this machine.
 
     python benchmarks/bench_scale.py [--devices 1 8 32 64] [--trials 4] [--label before]
         [--phase-us 20000] [--netns-hosts 3] [--out benchmarks/results/scale.json]
+    python benchmarks/bench_scale.py --plot benchmarks/results/scale.png --plot-labels L1 L2 ...
 
 A run is appended under its ``--label`` (e.g. before / after a driver change).
 """
@@ -179,13 +180,13 @@ def run(n: int, trials: int, phase_us: int, granularity_us: int, address: str | 
     t_first, t_last = int(df.t_handback_ns.min()), int(df.t_terminal_ns.max())
     span_s = (t_last - t_first) / 1e9
     gaps = []
-    for _, g in df.sort_values("t_handback_ns").groupby("device"):
+    for _, g in df.sort_values("t_handback_ns").groupby(["host", "device"]):  # sim:i is on every host
         h, t = g.t_handback_ns.to_numpy(), g.t_terminal_ns.to_numpy()
         gaps.extend(((h[1:] - t[:-1]) / 1e6).tolist())
     c = df[df.trial_kind == "cancel"]
     planned = n * (3 + trials)
     return {
-        "devices": n, "hosts": hosts, "hosts_seen": int(df.host.nunique()), "planned": planned, "written": int(len(df)), "unique_trials": int(df.trial_id.nunique()),
+        "devices": n, "cancels_per_device": trials, "hosts": hosts, "hosts_seen": int(df.host.nunique()), "planned": planned, "written": int(len(df)), "unique_trials": int(df.trial_id.nunique()),
         "exit_code": result.exit_code, "outcomes": {k: int(v) for k, v in df.outcome.value_counts().items()},
         "sweep_wall_s": round(wall, 2), "trial_window_s": round(span_s, 3),
         "trials_per_s": round(len(df) / span_s, 2), "records_per_s": round(len(df) / span_s, 2),
@@ -194,6 +195,11 @@ def run(n: int, trials: int, phase_us: int, granularity_us: int, address: str | 
         "anchor_hop_ms": _pcts(c.anchor_hop_ms), "gap_between_trials_ms": _pcts(gaps),
         "loadavg_start": [round(x, 2) for x in load_start], "loadavg_end": [round(x, 2) for x in load_end],
     }
+
+
+def trials_for(n: int, args) -> int:
+    """Cancels per device at N devices: --trials, or more so that N x it >= --min-cancels."""
+    return max(args.trials, -(-args.min_cancels // n))
 
 
 def _run_local(args) -> list[dict]:
@@ -205,7 +211,7 @@ def _run_local(args) -> list[dict]:
     runs = []
     try:
         for n in args.devices:
-            r = run(n, args.trials, args.phase_us, args.granularity_us)
+            r = run(n, trials_for(n, args), args.phase_us, args.granularity_us)
             print(json.dumps(r), file=sys.stderr, flush=True)
             runs.append(r)
     finally:
@@ -228,11 +234,12 @@ def _run_netns(args) -> list[dict]:
         for n in args.devices:
             r = c.run(c.head, [sys.executable, str(Path(__file__).resolve()), "--address", c.address,
                                "--netns-hosts", str(args.netns_hosts), "--devices", str(n), "--trials",
-                               str(args.trials), "--phase-us", str(args.phase_us), "--granularity-us",
+                               str(trials_for(n, args)), "--min-cancels", "0", "--phase-us", str(args.phase_us), "--granularity-us",
                                str(args.granularity_us)], timeout=3600)
             if r.returncode:
                 raise SystemExit(f"bench_scale: the run of {n} devices failed: {r.stderr[-2000:]}")
-            line = json.loads(r.stdout.strip().splitlines()[-1])
+            # Ray may print on stdout too: the result is the one line this script's inner run prints
+            line = json.loads(next(x for x in reversed(r.stdout.splitlines()) if x.startswith('{"devices"')))
             print(json.dumps(line), file=sys.stderr, flush=True)
             runs.append(line)
     finally:
@@ -240,26 +247,72 @@ def _run_netns(args) -> list[dict]:
     return runs
 
 
+PLOTTED = (("schedule_lag_ms", "p99", "cancel schedule lag p99 (ms)"),
+           ("deliver_ms", "p99", "driver -> agent cancel hop p99 (ms)"),
+           ("cpu_core_share", None, "driver CPU (share of one core)"),
+           ("trials_per_s", None, "trials per second"))
+
+
+def plot(data: dict, labels: list[str], out: Path) -> None:
+    """One panel per measure, one line per labelled entry, devices on a log axis (PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = [e for label in labels for e in data["entries"] if e["label"] == label]
+    missing = set(labels) - {e["label"] for e in entries}
+    if missing:
+        raise SystemExit(f"bench_scale: no entry labelled {', '.join(sorted(missing))} in the JSON")
+    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(4.2 * len(PLOTTED), 3.6))
+    for ax, (key, pct, title) in zip(axes, PLOTTED):
+        for e in entries:
+            xs = [r["devices"] for r in e["runs"]]
+            ys = [(r[key] or {}).get(pct) if pct else r[key] for r in e["runs"]]
+            ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o",
+                    label=f"{e['label']} ({e['commit']})")
+        ax.set_xscale("log", base=2)
+        ticks = sorted({r["devices"] for e in entries for r in e["runs"]})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        if key.endswith("_ms"):
+            ax.set_yscale("log")  # from tens of microseconds to hundreds of milliseconds
+        ax.set_xlabel("simulated devices")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"one driver, sim engine, {entries[0]['nproc']} cores ({data['engine']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--devices", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--trials", type=int, default=20, help="driver-delivered cancels per device (plus 3 references)")
+    ap.add_argument("--min-cancels", type=int, default=300,
+                    help="at least this many cancels per N (more trials per device at small N), so a p99 "
+                         "rests on enough samples (the reports' rule: 299 for a p99)")
     ap.add_argument("--phase-us", type=int, default=20_000)
     ap.add_argument("--granularity-us", type=int, default=1_000)
     ap.add_argument("--label", default="run")
     ap.add_argument("--netns-hosts", type=int, default=1,
                     help="spread the devices over this many network-namespace hosts (root; N divisible by it)")
+    ap.add_argument("--plot", type=Path, help="draw the --plot-labels entries of --out as a PNG here, run nothing")
+    ap.add_argument("--plot-labels", nargs="+", default=[])
     ap.add_argument("--address", help=argparse.SUPPRESS)  # inside the head's namespace: the cluster to attach to
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.json")
     args = ap.parse_args()
 
+    if args.plot:
+        plot(json.loads(args.out.read_text()), args.plot_labels, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+        return 0
     bad = [n for n in args.devices if n % args.netns_hosts]
     if args.netns_hosts < 1 or bad:
         print(f"bench_scale: --devices {bad} not divisible by --netns-hosts {args.netns_hosts}", file=sys.stderr)
         return 2
     if args.address:  # the inner run, in the head's namespace: one JSON line per N on stdout
         for n in args.devices:
-            print(json.dumps(run(n, args.trials, args.phase_us, args.granularity_us, args.address,
+            print(json.dumps(run(n, trials_for(n, args), args.phase_us, args.granularity_us, args.address,
                                  args.netns_hosts)), flush=True)
         return 0
     runs = _run_netns(args) if args.netns_hosts > 1 else _run_local(args)
@@ -270,7 +323,7 @@ def main() -> int:
                                                             / 2**30, 1),
              "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
              "netns_hosts": args.netns_hosts, "sim_phase_us": args.phase_us, "sim_granularity_us": args.granularity_us,
-             "trials_per_device": 3 + args.trials, "runs": runs}
+             "cancels_per_device": args.trials, "min_cancels": args.min_cancels, "runs": runs}
     data = json.loads(args.out.read_text()) if args.out.exists() else {
         "benchmark": "bench_scale", "engine": "sim (simulated: waits, not compute)",
         "note": "one local Ray on 127.0.0.1; N agents on this host; driver delivery; numbers under the stated load",

@@ -131,10 +131,8 @@ class RecordSink:
     """Buffers records and flushes them as new Parquet files (thread-safe).
 
     A flush happens when ``flush_every`` records are buffered, or when
-    ``flush_seconds`` have passed since the last one. The sink's own writer
-    thread writes: :meth:`add` only buffers (the driver's event loop, which
-    calls it, never waits for a disk), and a write holds no lock that
-    :meth:`add` needs. A failed flush keeps its rows buffered and is
+    ``flush_seconds`` have passed since the last one: a timer thread checks that
+    even when no record arrives. A failed flush keeps its rows buffered and is
     retried; :meth:`close` writes what Parquet still refuses to a JSON-lines file
     (``DIR/unwritten-*.jsonl``) and raises :class:`SinkError`, so no record taken
     is ever lost.
@@ -151,8 +149,7 @@ class RecordSink:
         self.flush_every = flush_every
         self.flush_seconds = flush_seconds
         self._buf: list[dict] = []
-        self._lock = threading.Lock()  # the buffer and the flags
-        self._write_lock = threading.Lock()  # one flush at a time (writer thread, close, callers)
+        self._lock = threading.Lock()
         self._last_flush = time.monotonic()
         self._writer_id = uuid.uuid4().hex[:8]
         self._seq = 0
@@ -163,8 +160,7 @@ class RecordSink:
         records_dir(self.out_dir).mkdir(parents=True, exist_ok=True)
         self._reserve()
         self._closed = threading.Event()
-        self._wake = threading.Event()  # flush_every rows are buffered
-        self._timer = threading.Thread(target=self._tick, name="record-sink-writer", daemon=True)
+        self._timer = threading.Thread(target=self._tick, name="record-sink-timer", daemon=True)
         self._timer.start()
 
     def _reserve(self) -> None:
@@ -188,13 +184,10 @@ class RecordSink:
             (self.out_dir / RESERVE_FILE).unlink()
 
     def _tick(self) -> None:
-        while not self._closed.is_set():
-            self._wake.wait(self.flush_seconds / 4)
-            self._wake.clear()
+        while not self._closed.wait(self.flush_seconds / 4):
             with self._lock:
-                due = bool(self._buf) and (len(self._buf) >= self.flush_every
-                                           or time.monotonic() - self._last_flush >= self.flush_seconds)
-            if due and not self._closed.is_set():  # close() writes the rest itself
+                due = bool(self._buf) and time.monotonic() - self._last_flush >= self.flush_seconds
+            if due:
                 self.flush()
 
     def add(self, row: dict) -> None:
@@ -202,18 +195,16 @@ class RecordSink:
             self._buf.append(row)
             due = len(self._buf) >= self.flush_every or time.monotonic() - self._last_flush >= self.flush_seconds
         if due:
-            self._wake.set()
+            self.flush()
 
     def flush(self) -> None:
-        """Write the buffered rows now. Rows whose write fails go back to the buffer (retried on
-        the next flush, unless the disk is full); a row the schema cannot hold is set aside for
-        :meth:`close`. Records added meanwhile wait in the buffer, not for this write."""
-        with self._write_lock:
-            with self._lock:
-                if self.disk_full:
-                    return  # kept in memory for close(): a retry would only fail again
-                rows, self._buf = self._buf, []
-                self._last_flush = time.monotonic()
+        """Write the buffered rows. Rows whose write fails stay buffered (retried on the next
+        flush, unless the disk is full); a row the schema cannot hold is set aside for :meth:`close`."""
+        with self._lock:
+            if self.disk_full:
+                return  # kept in memory for close(): a retry would only fail again
+            rows, self._buf = self._buf, []
+            self._last_flush = time.monotonic()
             groups = list(_by_partition(rows).items())
             for n, (key, group) in enumerate(groups):
                 try:
@@ -221,13 +212,10 @@ class RecordSink:
                 except Exception as exc:  # disk full, a value the schema cannot hold...
                     self.last_error = exc
                     if _is_disk_full(exc):
-                        with self._lock:
-                            self.disk_full = True
-                            self._buf[:0] = [r for _, g in groups[n:] for r in g]
+                        self.disk_full = True
+                        self._buf[:0] = [r for _, g in groups[n:] for r in g]
                         return
-                    keep = self._set_aside_bad_rows(key, group)
-                    with self._lock:
-                        self._buf[:0] = keep
+                    self._buf[:0] = self._set_aside_bad_rows(key, group)
 
     def _set_aside_bad_rows(self, key: tuple[str, ...], group: list[dict]) -> list[dict]:
         """After a failed write: rows that cannot become a table go to ``_rejected``; the
@@ -260,11 +248,10 @@ class RecordSink:
     def close(self) -> None:
         """Flush everything; what Parquet still refuses is kept as JSON lines and reported."""
         self._closed.set()
-        self._wake.set()
         if self._timer is not threading.current_thread():
             self._timer.join()
         self.flush()
-        with self._write_lock, self._lock:  # a last try for what failed (or arrived) since: the rest is kept as JSON lines
+        with self._lock:  # a last try for what failed (or arrived) since: the rest is kept as JSON lines
             rows, unwritten, self._buf, self._rejected = self._buf, self._rejected, [], []
             if self.disk_full:
                 unwritten.extend(rows)

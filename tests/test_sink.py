@@ -56,12 +56,11 @@ def test_a_failed_flush_loses_no_record(tmp_path):
 
 def small_files(path: Path, n: int = 12, start: int = 0) -> list[str]:
     """A dataset of one file per record over two partitions (the 2 s flush rule with slow trials)."""
-    sink = RecordSink(path, flush_every=10**9)
+    sink = RecordSink(path, flush_every=1)
     ids = [f"t{i:03d}" for i in range(start, start + n)]
     for i, tid in enumerate(ids):
         sink.add(row(tid, trial_index=start + n - i, host=f"h{i % 2}", latency_ms=i / 7, duration_ms=float(i),
                      phase_timeline_json=json.dumps({"i": i})))
-        sink.flush()
     sink.close()
     return ids
 
