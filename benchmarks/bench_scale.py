@@ -253,6 +253,29 @@ PLOTTED = (("schedule_lag_ms", "p99", "cancel schedule lag p99 (ms)"),
            ("trials_per_s", None, "trials per second"))
 
 
+def _f(x, nd=2):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def table(data: dict, label: str) -> str:
+    """The entry labelled ``label`` as a markdown table (docs/scale.md is built from these)."""
+    e = next((e for e in data["entries"] if e["label"] == label), None)
+    if e is None:
+        raise SystemExit(f"bench_scale: no entry labelled {label} in the JSON")
+    rows = ["| N | hosts | cancels landed | trials/s | driver CPU | agents CPU | driver RSS MB | deliver_ms p50 / p99 "
+            "| schedule_lag_ms p50 / p99 | anchor_hop_ms p50 / p99 | outcomes | load 1m start→end |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in e["runs"]:
+        d, lag, hop = r["deliver_ms"], r["schedule_lag_ms"], r["anchor_hop_ms"]
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))
+        rows.append(f"| {r['devices']} | {r.get('hosts', 1)} | {d['n']} | {r['trials_per_s']:.0f} | "
+                    f"{_f(r['cpu_core_share'])} | {_f(r.get('agents_cpu_core_share'))} | {_f(r['rss_mb_max'], 0)} | "
+                    f"{_f(d['p50'])} / {_f(d['p99'])} | {_f(lag['p50'])} / {_f(lag['p99'])} | "
+                    f"{_f(hop['p50'])} / {_f(hop['p99'])} | {outcomes} | "
+                    f"{r['loadavg_start'][0]:.1f} → {r['loadavg_end'][0]:.1f} |")
+    return "\n".join(rows)
+
+
 def plot(data: dict, labels: list[str], out: Path) -> None:
     """One panel per measure, one line per labelled entry, devices on a log axis (PNG)."""
     import matplotlib
@@ -298,10 +321,14 @@ def main() -> int:
                     help="spread the devices over this many network-namespace hosts (root; N divisible by it)")
     ap.add_argument("--plot", type=Path, help="draw the --plot-labels entries of --out as a PNG here, run nothing")
     ap.add_argument("--plot-labels", nargs="+", default=[])
+    ap.add_argument("--table", metavar="LABEL", help="print the entry LABEL of --out as a markdown table, run nothing")
     ap.add_argument("--address", help=argparse.SUPPRESS)  # inside the head's namespace: the cluster to attach to
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.json")
     args = ap.parse_args()
 
+    if args.table:
+        print(table(json.loads(args.out.read_text()), args.table))
+        return 0
     if args.plot:
         plot(json.loads(args.out.read_text()), args.plot_labels, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)

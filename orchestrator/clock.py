@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 
 @dataclass(frozen=True)
@@ -33,13 +33,28 @@ def driver_now_ns() -> int:
 def estimate_offset(ping: Callable[[], int], samples: int = 20,
                     now: Callable[[], int] = driver_now_ns) -> ClockOffset:
     """``ping()`` returns the agent clock; keep the exchange with the lowest RTT."""
-    best: tuple[int, int, int] | None = None
+    exchanges = []
     for _ in range(max(1, samples)):
         t0 = now()
         a = ping()
-        t1 = now()
-        rtt = t1 - t0
-        if best is None or rtt < best[0]:
-            best = (rtt, a, t0 + rtt // 2)
-    rtt, a, mid = best
-    return ClockOffset(offset_ns=a - mid, uncertainty_ns=(rtt + 1) // 2, rtt_ns=rtt, samples=samples)
+        exchanges.append((t0, a, now()))
+    return offset_from_exchanges(exchanges)
+
+
+async def estimate_offset_async(ping: Callable[[], Awaitable[int]], samples: int = 20,
+                                now: Callable[[], int] = driver_now_ns) -> ClockOffset:
+    """:func:`estimate_offset` for the driver's event loop (``await ping()``)."""
+    exchanges = []
+    for _ in range(max(1, samples)):
+        t0 = now()
+        a = await ping()
+        exchanges.append((t0, a, now()))
+    return offset_from_exchanges(exchanges)
+
+
+def offset_from_exchanges(exchanges: list[tuple[int, int, int]]) -> ClockOffset:
+    """(driver before, agent, driver after) per exchange -> the offset of the one with the lowest RTT."""
+    t0, a, t1 = min(exchanges, key=lambda e: e[2] - e[0])
+    rtt = t1 - t0
+    return ClockOffset(offset_ns=a - (t0 + rtt // 2), uncertainty_ns=(rtt + 1) // 2, rtt_ns=rtt,
+                       samples=len(exchanges))

@@ -1,5 +1,11 @@
 """One device's share of a sweep: its trials in plan order, one at a time.
 
+Every device of a sweep is one coroutine on the driver's one event loop
+(``run_devices``): a device waiting for its agent costs no thread, and the
+loop only reacts to what Ray reports. Driver-delivered cancels are fired by
+one timer thread (``cancel_timer.CancelTimer``), never by the loop, so a loop
+busy with other devices' records does not make a cancel late.
+
 Per trial: the :class:`~cancelbench.request.TrialRequest` sent to the agent,
 the driver's half of the record (identity, settings, plan), the offset
 resolved on this device's own reference run, the real driver -> agent cancel
@@ -14,10 +20,11 @@ converts hand-back + offset to the driver clock and fires then.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import sys
-import time
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -27,7 +34,8 @@ import ray
 from cancelbench.request import TrialRequest
 from cancelbench.schema import TrialRecord, driver_half, finalize, merge
 
-from .clock import ClockOffset, driver_now_ns, estimate_offset
+from .cancel_timer import CancelTimer
+from .clock import ClockOffset, driver_now_ns, estimate_offset_async
 from .cluster import DeviceSlot
 from .config import SweepConfig, trial_settings
 from .plan import ReferenceTimeline, Resolved, TrialSpec, resolve_offset
@@ -37,6 +45,7 @@ OFFSET_REFRESH_S = 30.0  # re-ping an agent before a trial when its offset estim
 # trial lost to an agent death says where it died. A shorter trial costs no status call: at
 # 0.5 s polls a farm of second-long trials spent about two agent calls per trial on them.
 STATUS_EVERY_S = 2.0
+STOP_POLL_S = 0.2  # how often the event loop looks at the sweep's stop flag (set from the main thread)
 
 
 class ReferencesFailed(RuntimeError):
@@ -50,20 +59,6 @@ def _unwrap(exc: BaseException) -> str:
     return text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
 
 
-SPIN_NS = 200_000  # the last this-many ns before a deadline: yield the GIL in a loop instead of sleeping
-
-
-def _sleep_until_driver(deadline_ns: int) -> None:
-    """Sleep to the deadline, then yield (never spin holding the GIL): one device
-    thread spinning would hold the GIL for a switch interval (5 ms) against every
-    other device's thread that is due to fire (bench_scale: schedule lag)."""
-    while True:
-        left = deadline_ns - driver_now_ns()
-        if left <= 0:
-            return
-        time.sleep((left - SPIN_NS) / 1e9 if left > 2 * SPIN_NS else 0)
-
-
 @dataclass(frozen=True)
 class SweepContext:
     """What every device run of one sweep shares."""
@@ -74,6 +69,7 @@ class SweepContext:
     inputs: dict  # workload -> input id -> corpus item
     payloads: dict  # workload -> load payload
     record: Callable[[str, dict], None]  # (device key, finalized row) -> the sink
+    timer: CancelTimer | None = None  # fires driver-delivered cancels (None: a sweep without any)
 
 
 @dataclass
@@ -104,11 +100,11 @@ class DeviceRun:
         self.last_phase: str | None = None  # last phase seen by status polls during a trial
         self.stopped: str | None = None  # why this device stopped early
 
-    def run(self) -> list[str]:
+    async def run(self) -> list[str]:
         for i, trial in enumerate(self.trials):
             try:
-                self._ensure_loaded(trial.workload)
-                self.sweep.record(self.key, self._run_trial(trial))
+                await self._ensure_loaded(trial.workload)
+                self.sweep.record(self.key, await self._run_trial(trial))
             except ray.exceptions.ActorUnschedulableError:
                 # Its node is gone: this trial and the rest cannot run on this device.
                 return self._gave_up(self.trials[i:])
@@ -117,7 +113,7 @@ class DeviceRun:
                 return [t.trial_id for t in self.trials[i:]]
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
                 self.sweep.record(self.key, self._lost_row(trial, exc))
-                if not self._await_restart():
+                if not await self._await_restart():
                     return self._gave_up(self.trials[i + 1:])
         return []
 
@@ -126,27 +122,28 @@ class DeviceRun:
               f"{len(rest)} trial(s) not run", file=sys.stderr)
         return [t.trial_id for t in rest]
 
-    def _ensure_loaded(self, name: str) -> None:
+    async def _ensure_loaded(self, name: str) -> None:
         if self.loaded_name != name:
-            self.described = ray.get(self.agent.load.remote(self.sweep.payloads[name]))
+            self.described = await self.agent.load.remote(self.sweep.payloads[name])
             self.loaded_name = name
 
-    def _await_restart(self, timeout_s: float = 60.0) -> bool:
+    async def _await_restart(self, timeout_s: float = 60.0) -> bool:
         """After an agent death: wait for Ray to restart it (max_restarts); False if it is gone."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
             try:
-                ray.get(self.agent.ping.remote(), timeout=5)
+                await asyncio.wait_for(_awaitable(self.agent.ping.remote()), 5)
                 self.loaded_name = None  # a restarted agent has no model loaded
                 return True
             except ray.exceptions.ActorUnschedulableError:
                 return False  # pinned to a node that is gone
-            except (ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
-                time.sleep(0.5)
+            except (asyncio.TimeoutError, ray.exceptions.ActorUnavailableError):
+                await asyncio.sleep(0.5)
             except ray.exceptions.RayActorError as exc:
                 if "restart" not in str(exc).lower():
                     return False  # died for good (restarts exhausted, node gone)
-                time.sleep(0.5)
+                await asyncio.sleep(0.5)
         return False
 
     def _driver_half(self, trial: TrialSpec) -> TrialRecord:
@@ -191,8 +188,8 @@ class DeviceRun:
         timeline = ReferenceTimeline.from_rows(refs, pooled)
         return resolve_offset(trial, timeline), (timeline.duration_ms if timeline else None)
 
-    def _run_trial(self, trial: TrialSpec) -> dict:
-        self._refresh_offset()
+    async def _run_trial(self, trial: TrialSpec) -> dict:
+        await self._refresh_offset()
         base = self._driver_half(trial)
         try:
             at, base.reference_ms = self._resolve(trial)
@@ -202,11 +199,12 @@ class DeviceRun:
             base.offset_target_ms, base.anchor_step = at.offset_ms, at.anchor_step
         ref = self.agent.run_trial.remote(self._request(trial, at))
         issue, cancel_ref = {}, None
+        result = asyncio.ensure_future(_awaitable(ref))
         if at is not None and trial.delivery == "driver":
-            issue, cancel_ref = self._deliver_from_driver(trial.trial_id)
-        record = dataclasses.replace(merge(base, self._watch(ref)), **issue)
+            issue, cancel_ref = await self._deliver_from_driver(trial.trial_id)
+        record = dataclasses.replace(merge(base, await self._watch(result)), **issue)
         if cancel_ref is not None:
-            ray.get(cancel_ref)  # the hop is finished before the next trial; its effect is t_received_ns
+            await cancel_ref  # the hop is finished before the next trial; its effect is t_received_ns
         if trial.delivery == "agent":
             record.clock_uncertainty_ns = 0  # issued on the agent's own clock
         row = finalize(record)
@@ -214,47 +212,84 @@ class DeviceRun:
             self.refs[(trial.workload, trial.mechanism)].append(row)
         return row
 
-    def _deliver_from_driver(self, trial_id: str) -> tuple[dict, object]:
-        """Wait for the trial's anchor event on the agent, then fire at anchor + delay
-        (converted to the driver clock). The event's hop to the driver is recorded
-        (``t_anchor_seen_ns``); a due time it already passed fires at once, and
-        ``schedule_lag_ms`` says by how much. No event (the trial ended first): no cancel."""
-        anchor = ray.get(self.agent.anchor.remote(trial_id))
-        seen = driver_now_ns()
-        if anchor is None:
-            return {}, None
-        t_anchor_ns, delay_ns = anchor
-        _sleep_until_driver(self.offset.to_driver(t_anchor_ns + delay_ns))
-        issued = driver_now_ns()
-        cancel_ref = self.agent.cancel.remote(trial_id)
-        return {"t_issued_driver_ns": issued, "t_issued_ns": self.offset.to_agent(issued),
-                "t_cancel_scheduled_ns": t_anchor_ns + delay_ns,
-                "t_anchor_seen_ns": self.offset.to_agent(seen)}, cancel_ref
+    async def _deliver_from_driver(self, trial_id: str) -> tuple[dict, object]:
+        """Wait for the trial's anchor event on the agent, then have the cancel timer fire
+        at anchor + delay (converted to the driver clock). The event's hop to the driver is
+        recorded (``t_anchor_seen_ns``); a due time it already passed fires at once, and
+        ``schedule_lag_ms`` says by how much. No event (the trial ended first): no cancel.
+        The event goes from Ray's thread straight to the timer (``CancelTimer.fire_after``);
+        this coroutine only collects the stamps."""
+        agent, offset = self.agent, self.offset
 
-    def _watch(self, ref):
-        """The trial's result; every STATUS_EVERY_S meanwhile its phase, so a trial lost to an
-        agent death says where it died. No timeout: field-scale trials run for minutes."""
+        def schedule(anchor):
+            if anchor is None:
+                return None
+            t_anchor_ns, delay_ns = anchor
+            return offset.to_driver(t_anchor_ns + delay_ns), lambda: agent.cancel.remote(trial_id)
+
+        fired = await asyncio.wrap_future(self.sweep.timer.fire_after(agent.anchor.remote(trial_id).future(), schedule))
+        if fired is None:
+            return {}, None
+        seen, (t_anchor_ns, delay_ns), issued, cancel_ref = fired
+        return {"t_issued_driver_ns": issued, "t_issued_ns": offset.to_agent(issued),
+                "t_cancel_scheduled_ns": t_anchor_ns + delay_ns,
+                "t_anchor_seen_ns": offset.to_agent(seen)}, cancel_ref
+
+    async def _watch(self, result: asyncio.Future):
+        """The trial's result; every STATUS_EVERY_S meanwhile its phase, so a trial lost to
+        an agent death says where it died. No timeout: field-scale trials run for minutes."""
         self.last_phase = None
         while True:
+            done, _ = await asyncio.wait({result}, timeout=STATUS_EVERY_S)
+            if done:
+                return result.result()
             try:
-                return ray.get(ref, timeout=STATUS_EVERY_S)
-            except ray.exceptions.GetTimeoutError:
-                pass
-            try:
-                self.last_phase = ray.get(self.agent.status.remote(), timeout=5).get("phase")
+                status = await asyncio.wait_for(_awaitable(self.agent.status.remote()), 5)
+                self.last_phase = status.get("phase")
             except Exception:
-                return ray.get(ref)
+                return await result
 
-    def _refresh_offset(self) -> None:
+    async def _refresh_offset(self) -> None:
         """Re-estimate the clock offset when the last estimate is older than
         OFFSET_REFRESH_S: host clocks drift apart by tens of µs per second, which
         over a sweep of long trials would bias every driver-side timestamp."""
         if driver_now_ns() - self.offset_at_ns < OFFSET_REFRESH_S * 1e9:
             return
-        self.offset = estimate_offset(lambda: ray.get(self.agent.ping.remote()),
-                                      max(5, self.sweep.config.ping_samples // 4))
+        self.offset = await estimate_offset_async(lambda: _awaitable(self.agent.ping.remote()),
+                                                  max(5, self.sweep.config.ping_samples // 4))
         self.offset_at_ns = driver_now_ns()
 
     def _lost_row(self, trial: TrialSpec, exc: BaseException) -> dict:
         return finalize(dataclasses.replace(self._driver_half(trial), outcome="lost", phase_at_terminal=self.last_phase,
                                             error=f"agent died during the trial: {_unwrap(exc)}"[:2000]))
+
+
+async def _awaitable(ref):
+    """An ObjectRef as a coroutine (asyncio.wait_for and ensure_future take those)."""
+    return await ref
+
+
+def run_devices(runs: list[DeviceRun], on_done: Callable[[DeviceRun, list[str] | BaseException], None],
+                stop: threading.Event) -> threading.Thread:
+    """Run every device's trials on one event loop in a new thread (started; join it).
+    ``on_done(run, not_run_ids or the exception)`` is called once per device, on that
+    thread. ``stop`` set: the devices still running are cancelled at their next await,
+    after the record they were taking (the sweep takes no more, see runner.record)."""
+    async def device(run: DeviceRun) -> None:
+        try:
+            on_done(run, await run.run())
+        except BaseException as exc:  # asyncio.CancelledError included: the sweep stopped
+            on_done(run, exc)
+
+    async def main() -> None:
+        tasks = [asyncio.create_task(device(r), name=f"device-{r.key}") for r in runs]
+        pending = set(tasks)
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=STOP_POLL_S)
+            if stop.is_set():
+                for t in pending:
+                    t.cancel()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), name="driver-loop", daemon=True)
+    thread.start()
+    return thread

@@ -6,6 +6,7 @@ record maths are pure functions in plan.py and cancelbench.schema.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
 import platform
@@ -32,7 +33,8 @@ from . import cluster
 from .clock import estimate_offset
 from .config import MAX_PLAN_TRIALS, SweepConfig, WorkloadSpec
 from .corpus import load_inputs
-from .device_run import DeviceRun, DeviceWork, SweepContext, _unwrap
+from .cancel_timer import CancelTimer
+from .device_run import DeviceRun, DeviceWork, SweepContext, _unwrap, run_devices
 from .plan import (PLAN_HASH, Plan, build_plan, legacy_plan_sha256, plan_sha256,
                    planned_trials)
 from .plan import plan_table as plan_table_of
@@ -229,7 +231,8 @@ class Sweep:
                 stop.set()
                 raise _Stopping("no space left for the records")
 
-        shared = SweepContext(self.config, self.out_dir, sweep_id, inputs, payloads, record)
+        timer = CancelTimer() if "driver" in self.config.deliveries else None
+        shared = SweepContext(self.config, self.out_dir, sweep_id, inputs, payloads, record, timer)
         runs = [DeviceRun(shared, DeviceWork(key, slot_by_key[key], agents[key], trials, offsets[key],
                                              prior_refs.get(key, [])))
                 for key, trials in by_device.items()]
@@ -237,11 +240,13 @@ class Sweep:
         interrupted = False
         try:
             _run_in_parallel(runs, result, errors, stop, lambda: _kill_agents(agents))
-            errors[:] = [e for e in errors if not isinstance(e, _Stopping)]
+            errors[:] = [e for e in errors if not isinstance(e, (_Stopping, asyncio.CancelledError))]
         except BaseException as exc:  # KeyboardInterrupt (a signal): the dataset is partial
             interrupted = isinstance(exc, KeyboardInterrupt)
             raise
         finally:
+            if timer is not None:
+                timer.close()
             try:
                 sink.close()  # raises SinkError if records had to be kept elsewhere (full disk)
             finally:
@@ -359,36 +364,25 @@ def _kill_agents(agents: dict) -> None:
 
 def _run_in_parallel(runs: list[DeviceRun], result: SweepResult, errors: list[BaseException],
                      stop: threading.Event | None = None, on_interrupt=None, grace_s: float = 30.0) -> None:
-    """One thread per device; an exception is kept and raised after every device finished.
+    """Every device on the driver's event loop (``device_run.run_devices``)."""
+    stop = stop if stop is not None else threading.Event()
 
-    Interrupted (a signal in this, the main thread): ``stop`` is set, so no
-    record is taken any more, ``on_interrupt`` ends the agents (their trials
-    in flight fail at once), and the device threads are given ``grace_s`` to
-    leave before the interrupt goes on; none of them prints or records on the
-    way out.
-    """
-    def target(run: DeviceRun) -> None:
-        try:
-            result.not_run.extend(run.run())
-            result.stopped.extend([run.stopped] if run.stopped else [])
-        except BaseException as exc:
-            errors.append(exc)
+    def on_done(run: DeviceRun, outcome) -> None:
+        if isinstance(outcome, BaseException):
+            errors.append(outcome)
+            return
+        result.not_run.extend(outcome)
+        result.stopped.extend([run.stopped] if run.stopped else [])
 
-    threads = [threading.Thread(target=target, args=(r,), name=f"device-{r.key}", daemon=True) for r in runs]
-    for th in threads:
-        th.start()
+    loop_thread = run_devices(runs, on_done, stop)
     try:
-        for th in threads:
-            while th.is_alive():
-                th.join(timeout=0.5)
+        while loop_thread.is_alive():
+            loop_thread.join(timeout=0.5)
     except BaseException:
-        if stop is not None:
-            stop.set()
+        stop.set()
         if on_interrupt is not None:
             on_interrupt()
-        deadline = time.monotonic() + grace_s
-        for th in threads:
-            th.join(timeout=max(0.0, deadline - time.monotonic()))
+        loop_thread.join(timeout=grace_s)
         raise
 
 

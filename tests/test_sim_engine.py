@@ -219,7 +219,7 @@ def test_a_cancel_latched_before_the_start_stops_in_the_first_phase_without_a_wa
 def test_the_driver_cancel_timer_never_spins_holding_the_gil(monkeypatch):
     """Every pass of the driver's wait-for-deadline loop sleeps (time.sleep releases the
     GIL; 0 yields it): a spin loop holding the GIL starves every other device thread."""
-    from cancelbench.orchestrator import device_run
+    from cancelbench.orchestrator import cancel_timer
 
     now = [0]
     reads = []
@@ -234,17 +234,18 @@ def test_the_driver_cancel_timer_never_spins_holding_the_gil(monkeypatch):
         calls.append(s)
         now[0] += int(s * 1e9)
 
-    monkeypatch.setattr(device_run, "driver_now_ns", fake_now)
-    monkeypatch.setattr(device_run.time, "sleep", fake_sleep)
-    device_run._sleep_until_driver(5_000_000)
+    monkeypatch.setattr(cancel_timer, "driver_now_ns", fake_now)
+    monkeypatch.setattr(cancel_timer.time, "sleep", fake_sleep)
+    cancel_timer.sleep_until_driver(5_000_000)
     assert reads[-1] >= 5_000_000 > reads[-2]  # returns at the first read past the deadline
     assert len(calls) == len(reads) - 1  # every pass but the returning one slept (or yielded)
-    assert calls[0] * 1e9 >= 5_000_000 - 30_000 - device_run.SPIN_NS - 1  # most of the wait in one sleep
+    assert calls[0] * 1e9 >= 5_000_000 - 30_000 - cancel_timer.SPIN_NS - 1  # most of the wait in one sleep
 
 
 def test_a_long_trial_is_asked_for_its_phase_and_a_short_one_is_not(local_ray, monkeypatch):
     """The driver asks a running trial for its phase only once it has run STATUS_EVERY_S (so a
     trial lost to an agent death says where it died, and short trials cost no status call)."""
+    import asyncio
     from types import SimpleNamespace
 
     from cancelbench.device_agents.agent import remote_agent_class
@@ -265,14 +266,19 @@ def test_a_long_trial_is_asked_for_its_phase_and_a_short_one_is_not(local_ray, m
 
         watcher = SimpleNamespace(agent=Counting(), last_phase=None)
         monkeypatch.setattr(device_run, "STATUS_EVERY_S", 0.02)
+        def watch(ref):  # the driver's coroutine, on an event loop of its own
+            async def main():
+                return await device_run.DeviceRun._watch(watcher, asyncio.ensure_future(device_run._awaitable(ref)))
+            return asyncio.run(main())
+
         ref = agent.run_trial.remote(TrialRequest("abort_callback", "", trial_id="long"))
-        row = device_run.DeviceRun._watch(watcher, ref)
+        row = watch(ref)
         assert row.outcome == "completed" and calls  # 200 ms+ trial, 20 ms period: asked
         assert watcher.last_phase in {"prefill", "generate"}
         calls.clear()
         monkeypatch.setattr(device_run, "STATUS_EVERY_S", 600.0)
         ref = agent.run_trial.remote(TrialRequest("abort_callback", "", trial_id="short"))
-        assert device_run.DeviceRun._watch(watcher, ref).outcome == "completed"
+        assert watch(ref).outcome == "completed"
         assert not calls and watcher.last_phase is None  # done before the first ask
     finally:
         local_ray.kill(agent)
