@@ -294,7 +294,8 @@ def plot(data: dict, labels: list[str], out: Path) -> None:
             ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o",
                     label=f"{e['label']} ({e['commit']})")
         ax.set_xscale("log", base=2)
-        ticks = sorted({r["devices"] for e in entries for r in e["runs"]})
+        top = max(r["devices"] for e in entries for r in e["runs"])
+        ticks = [2 ** i for i in range(top.bit_length() + 1) if 2 ** i <= top * 1.1]
         ax.set_xticks(ticks, [str(t) for t in ticks])
         if key.endswith("_ms"):
             ax.set_yscale("log")  # from tens of microseconds to hundreds of milliseconds

@@ -13,9 +13,9 @@ hop, the agent's half merged in and the row finalized (``cancelbench.schema``).
 An agent that dies mid-trial gives one ``lost`` row; Ray restarts it and the
 device goes on; a node that is gone leaves the rest ``not_run``.
 
-Offsets run from one origin for both deliveries: the agent's hand-back. A
-driver-delivered cancel waits for the hand-back event (``agent.handback``),
-converts hand-back + offset to the driver clock and fires then.
+Offsets run from one origin for both deliveries: the agent's hand-back (or the
+engine event a plan anchors to). A driver-delivered cancel waits for that event
+(``agent.anchor``), converts event + delay to the driver clock and fires then.
 """
 
 from __future__ import annotations

@@ -364,7 +364,14 @@ def _kill_agents(agents: dict) -> None:
 
 def _run_in_parallel(runs: list[DeviceRun], result: SweepResult, errors: list[BaseException],
                      stop: threading.Event | None = None, on_interrupt=None, grace_s: float = 30.0) -> None:
-    """Every device on the driver's event loop (``device_run.run_devices``)."""
+    """Every device on the driver's event loop (``device_run.run_devices``, its own thread); an
+    exception is kept and raised after every device finished.
+
+    Interrupted (a signal in this, the main thread): ``stop`` is set, so no record is taken
+    any more and the loop cancels the devices at their next await, ``on_interrupt`` ends the
+    agents (their trials in flight fail at once), and the loop is given ``grace_s`` to leave
+    before the interrupt goes on; no device prints or records on the way out.
+    """
     stop = stop if stop is not None else threading.Event()
 
     def on_done(run: DeviceRun, outcome) -> None:
