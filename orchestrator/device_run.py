@@ -200,6 +200,8 @@ class DeviceRun:
         ref = self.agent.run_trial.remote(self._request(trial, at))
         issue, cancel_ref = {}, None
         result = asyncio.ensure_future(_awaitable(ref))
+        # If the cancel path fails first (the agent died), the trial's own failure is still read.
+        result.add_done_callback(lambda f: f.cancelled() or f.exception())
         if at is not None and trial.delivery == "driver":
             issue, cancel_ref = await self._deliver_from_driver(trial.trial_id)
         record = dataclasses.replace(merge(base, await self._watch(result)), **issue)
