@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import sys
 import threading
 import time
 import traceback
@@ -28,6 +29,12 @@ CONTROL = "control"
 TRIAL = "trial"
 CONCURRENCY_GROUPS = {TRIAL: 1, CONTROL: 4}
 SIM_BACKEND = "sim"  # device ids sim:0..N-1: simulated devices ([devices] sim_per_host), sim engine only
+# How long a thread that wants the GIL waits before the holder is asked to let go (Python's
+# default is 5 ms). The engine's trial thread runs Python between its native calls
+# (tokenizing, sampling, building batches); at the default, a cancel or an anchor reply
+# arriving then waited up to 5 ms for the GIL: delivery latency of the harness, not of the
+# engine. Recorded on every row (agent_switch_interval_us).
+AGENT_SWITCH_INTERVAL_S = 0.0001
 
 
 def _sleep_until(deadline_ns: int) -> None:
@@ -46,6 +53,7 @@ class DeviceAgent:
     def __init__(self, device_id: str = "cpu:0", device_name: str | None = None, n_threads: int | None = None,
                  node_label: str | None = None) -> None:
         self.device_id = device_id
+        sys.setswitchinterval(AGENT_SWITCH_INTERVAL_S)
         from cancelbench import native
 
         from .probe import probe_host
@@ -257,6 +265,7 @@ class DeviceAgent:
             phase_durations_json=json.dumps(result.phase_durations_ms, sort_keys=True),
             phase_timeline_json=json.dumps([list(seg) for seg in result.phase_segments]),
             phase_steps_json=json.dumps(result.phase_steps, sort_keys=True),
+            phase_step_ms_json=json.dumps(result.phase_step_ms, sort_keys=True),
         )
         if isinstance(result.output, dict) and "known_answer_error_ms" in result.output:
             columns["known_answer_error_ms"] = result.output["known_answer_error_ms"]
@@ -291,10 +300,16 @@ def _test_step_delay(request: TrialRequest):
         return None
     from cancelbench import native
 
+    never_set = native.CancelToken()
+
     def stretch(t_start_ns: int) -> None:
-        end = native.now_ns() + int((float(factor) - 1.0) * (native.now_ns() - t_start_ns))
-        while native.now_ns() < end:
-            pass
+        # Busy in native code, through ctypes, so the GIL is free as it is in the engine's own
+        # native calls. A Python busy loop held it: the agent's anchor reply and cancel threads
+        # then waited for the interpreter's 5 ms switch interval, an event hop no real engine
+        # causes, and driver-delivered cancels missed phases they reach in real runs.
+        extra_us = int((float(factor) - 1.0) * (native.now_ns() - t_start_ns) / 1e3)
+        if extra_us > 0:
+            native.probe_busy(never_set, extra_us, extra_us)
 
     return stretch
 

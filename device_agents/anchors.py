@@ -43,9 +43,13 @@ class AnchorWatch:
 
     def _delay(self, prev_step_ns: int | None, t_ns: int | None = None) -> int:
         r = self.request
+        planned = int(float(r.offset_ms or 0.0) * 1e6 * self._pace(t_ns))
         if self.kind == "progress" and prev_step_ns is not None and r.step_fraction is not None:
-            return int(r.step_fraction * prev_step_ns)  # the live step length: variance-proof
-        return int(float(r.offset_ms or 0.0) * 1e6 * self._pace(t_ns))
+            # The live step length when this trial runs faster, never longer than planned: a
+            # phase's steps are not alike (STT decode_embd: full batches, then the rest), and
+            # the planned delay is the fraction of the references' shortest step of the phase.
+            return min(planned, int(r.step_fraction * prev_step_ns))
+        return planned
 
     def _pace(self, t_ns: int | None) -> float:
         """This trial's speed against its reference run: its time from hand-back to the

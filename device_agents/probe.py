@@ -6,6 +6,7 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -129,4 +130,5 @@ def probe_host(device_id: str = "cpu:0", device_name: str | None = None, n_threa
         "gpu_driver_version": gpu_driver_version(device_id),
         "pid": os.getpid(),
         "agent_niceness": os.getpriority(os.PRIO_PROCESS, 0),
+        "agent_switch_interval_us": round(sys.getswitchinterval() * 1e6, 3),
     }

@@ -331,7 +331,7 @@ class ReferenceTimeline:
     segments: tuple[tuple[str, float, float], ...]  # (phase, start_ms, end_ms) from hand-back
     steps: dict = field(default_factory=dict)  # phase -> step calls
     # Over every completed reference run of the workload on the device, every mechanism's
-    # (``pooled``), the shortest: first stay in each phase, and mean step call per phase (ms).
+    # (``pooled``), the shortest: first stay in each phase, and step call per phase (ms).
     # Anchored delays are fractions of these, so a trial that runs faster than the median
     # reference still receives its cancel inside the phase. Pooled because three runs of one
     # mechanism can all be slow when the host's load comes and goes (field scale: three
@@ -361,9 +361,14 @@ class ReferenceTimeline:
                 if p not in seen:
                     seen.add(p)
                     first_stay[p] = min(first_stay.get(p, b - a), b - a)
+            timed = json.loads(r.get("phase_step_ms_json") or "{}")
             for p, n in json.loads(r.get("phase_steps_json") or "{}").items():
-                if n > 0 and p in spent:
-                    step_ms[p] = min(step_ms.get(p, spent[p] / n), spent[p] / n)
+                # The shortest step call as timed; a record without it (written before the
+                # column): the phase's time over its steps, which counts the phase's time
+                # outside step calls too (TTS set_input: 3-9 ms around one 0.2 ms call).
+                took = timed.get(p, spent[p] / n if n > 0 and p in spent else None)
+                if took is not None and took > 0:
+                    step_ms[p] = min(step_ms.get(p, took), took)
         return cls(duration_ms=run["duration_ms"], segments=segs,
                    steps=json.loads(run.get("phase_steps_json") or "{}"), first_stay_ms=first_stay, step_ms=step_ms)
 
@@ -398,7 +403,7 @@ def resolve_offset(trial: TrialSpec, ref: ReferenceTimeline | None) -> Resolved:
     part over the reference run's step count picks the step k, its remainder the
     position inside it) and fires that far into the k-th step call after it starts,
     measured on the trial's own shortest earlier step of the phase (the reference's
-    shortest mean step for the first).
+    shortest step call of the phase for the first).
     Anchored to events, both survive a trial that runs slower or faster than its
     reference."""
     if trial.offset_ms is not None:

@@ -70,6 +70,11 @@ class Progress:
     listener: Callable[[str, str, int], None] | None = None
     step_calls: frozenset[str] = frozenset()  # the engine's step calls (registry.EngineSpec.step_calls)
     steps: dict[str, int] = field(default_factory=dict)  # phase -> step calls started
+    step_min_ns: dict[str, int] = field(default_factory=dict)  # phase -> shortest step call
+
+    def step_ms(self) -> dict[str, float]:
+        """The shortest step call of each phase, ms."""
+        return {p: ns / 1e6 for p, ns in self.step_min_ns.items()}
 
     def emit(self, event: str, phase: str, t_ns: int) -> None:
         if self.listener is not None:
@@ -196,6 +201,9 @@ class CancelControl:
         finally:
             now = native.now_ns()
             if step:
+                took, shortest = now - t0, progress.step_min_ns.get(progress.phase)
+                if shortest is None or took < shortest:
+                    progress.step_min_ns[progress.phase] = took
                 progress.emit("step_end", progress.phase, now)
             with self._lock:
                 self.progress.native_call = None
@@ -217,6 +225,7 @@ class EngineResult:
     phase_segments: list[tuple[str, float, float]] = field(default_factory=list)
     n_input_tokens: int | None = None
     phase_steps: dict[str, int] = field(default_factory=dict)  # phase -> step calls started
+    phase_step_ms: dict[str, float] = field(default_factory=dict)  # phase -> shortest step call (ms)
     output: object = None  # tokens / text / pcm kept agent-side (not recorded)
 
 
@@ -270,6 +279,7 @@ def finish_trial(ctl: CancelControl, clock: PhaseClock, *, stopped: bool, t_star
         phase_segments=clock.segments,
         n_input_tokens=n_input_tokens,
         phase_steps=dict(ctl.progress.steps),
+        phase_step_ms=ctl.progress.step_ms(),
         output=output,
     )
 

@@ -201,7 +201,8 @@ class ProbeEngine:
         result = EngineResult(outcome="cancelled" if stopped else "completed", t_start_ns=t_start,
                               t_terminal_ns=t_terminal, phase_at_terminal=phase, decode_rc=int(aborted),
                               phase_durations_ms=clock.close(), phase_segments=clock.segments,
-                              phase_steps=dict(ctl.progress.steps))
+                              phase_steps=dict(ctl.progress.steps),
+                              phase_step_ms=ctl.progress.step_ms())
         if aborted and ctl.token.set_ns:
             expected = native.probe_expected_return_ns(probe_start, ctl.token.set_ns, self.period_us)
             result.output = {"known_answer_error_ms": (probe_end - expected) / 1e6}
