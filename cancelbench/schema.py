@@ -152,6 +152,20 @@ _FIELDS: list[tuple] = [
     ("anchor_step", _I32, "plan", "progress plan: the cancel is anchored on the start of this step call (1-based) "
      "of the target phase"),
     ("offset_target_ms", _F64, "plan", "planned delay from the anchor event (t_anchor_ns), ms"),
+    ("target_window_ms", _F64, "plan", "phase/progress plans: how long the target lasts after its anchor event on this device's "
+     "reference runs, at the shortest (phase: the first stay in the phase; progress: the k-th step call and the "
+     "phase's steps after it), ms"),
+    ("delivery_reach_ms", _F64, "plan", "how late this delivery's cancel may arrive after it is due: the 95th "
+     "percentile (nearest rank; the slowest of under 20) of this device's last 64 samples before the trial, ms. "
+     "Driver: round trips anchor event -> driver -> cancel received, less any wait for the due time "
+     "(round_trip_probes_ms_json until cancels have run); agent: its timer's lateness, t_issued - "
+     "t_cancel_scheduled (timer probes until then)"),
+    ("round_trip_probes_ms_json", _STR, "plan", "reference runs of a sweep with driver delivery: the round trips "
+     "through the cancel path (agent reply -> driver's cancel timer -> agent call) timed on the agent's clock while "
+     "the reference ran, ms, JSON list; with the driver cancels' own round trips they make delivery_reach_ms"),
+    ("target_reachable", _BOOL, "plan", "target_window_ms - offset_target_ms > delivery_reach_ms: the target "
+     "outlasts the planned delay by the delivery's reach. False: the delivery cannot be sure to reach the target "
+     "in time, and the report counts the trial apart from its cell's hit rate"),
     ("reference_ms", _F64, "plan", "duration of the reference run (plan.reference_run) the offset was resolved on"),
     ("phase_at_receipt", _STR, "receipt", "engine phase when the cancel was received"),
     ("native_call_at_receipt", _STR, "receipt", "native call in flight at receipt, or null"),

@@ -118,6 +118,32 @@ class DeviceAgent:
         return None if watch.t_anchor_ns is None else (watch.t_anchor_ns, watch.delay_ns)
 
     @ray.method(concurrency_group=CONTROL)
+    def timer_probe(self, n: int) -> list[int]:
+        """How late agent delivery's timer fires (ns), ``n`` times, on the path a trial uses
+        (AnchorWatch.start_timer): a thread waiting for the anchor is woken by another
+        thread, sleeps to a due time 0.1 ms later and fires. The driver's first estimate
+        of agent delivery's reach, before any agent-delivered cancel has run."""
+        from cancelbench import native
+
+        late = []
+        for _ in range(max(1, int(n))):
+            anchor, due, fired = threading.Event(), [], []
+
+            def timer() -> None:
+                anchor.wait()
+                _sleep_until(due[0])
+                fired.append(native.now_ns())
+
+            thread = threading.Thread(target=timer, name="timer-probe", daemon=True)
+            thread.start()
+            time.sleep(0.001)  # the timer is waiting, as it is when a trial's anchor comes
+            due.append(native.now_ns() + 100_000)
+            anchor.set()
+            thread.join()
+            late.append(max(0, fired[0] - due[0]))
+        return late
+
+    @ray.method(concurrency_group=CONTROL)
     def status(self) -> dict:
         with self._lock:
             cur = self._current

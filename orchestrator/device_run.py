@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import json
+import math
 import sys
 import threading
 from dataclasses import dataclass
@@ -46,6 +48,17 @@ OFFSET_REFRESH_S = 30.0  # re-ping an agent before a trial when its offset estim
 # 0.5 s polls a farm of second-long trials spent about two agent calls per trial on them.
 STATUS_EVERY_S = 2.0
 STOP_POLL_S = 0.2  # how often the event loop looks at the sweep's stop flag (set from the main thread)
+# A driver-delivered cancel aimed at a target shorter than the driver's round trip cannot be
+# sure to land in it. The reach compared against is a high quantile of the device's last
+# REACH_SAMPLES round trips (anchor event -> driver -> cancel received), not their median:
+# a target the median reaches is still missed by every slower round trip (on this 2-core
+# host, 1 in 5 took 2-5 ms against a median near 1 ms, on an idle core: inside Ray's reply
+# path, not CPU starvation), and REACH_QUANTILE is the share a target must be sure of.
+REACH_SAMPLES = 64
+REACH_QUANTILE = 0.95
+# Round-trip probes during a reference run are this far apart: a few dozen per reference, so
+# they barely take from the engine whose timeline the plan is drawn from.
+PROBE_EVERY_S = 0.005
 
 
 class ReferencesFailed(RuntimeError):
@@ -99,6 +112,9 @@ class DeviceRun:
         self.loaded_name: str | None = None
         self.last_phase: str | None = None  # last phase seen by status polls during a trial
         self.stopped: str | None = None  # why this device stopped early
+        # per delivery, how late its recent cancels arrived after they were due (ns): driver, the
+        # round trip anchor event -> driver -> agent; agent, its timer's lateness (due -> issued)
+        self.reach_samples_ns = {d: collections.deque(maxlen=REACH_SAMPLES) for d in ("driver", "agent")}
 
     async def run(self) -> list[str]:
         for i, trial in enumerate(self.trials):
@@ -197,26 +213,49 @@ class DeviceRun:
             return finalize(dataclasses.replace(base, outcome="error", error=str(exc)))
         if at is not None:
             base.offset_target_ms, base.anchor_step = at.offset_ms, at.anchor_step
+            if at.window_ms is not None:
+                base.target_window_ms = at.window_ms
+                base.delivery_reach_ms = await self._reach_ms(trial.delivery)
+                # due at anchor + delay, received up to the delivery's reach later
+                base.target_reachable = at.window_ms - at.offset_ms > base.delivery_reach_ms
+        # A driver-delivered cancel asks for its anchor before the trial starts: the agent holds
+        # the question until the event, so the answer leaves at the event. Asked after the
+        # trial, the question's own trip was part of the event hop, and an anchor at the start
+        # (the first phase, entered at hand-back) reached the driver 3-5 ms late.
+        anchor = self.agent.anchor.remote(trial.trial_id) if at is not None and trial.delivery == "driver" else None
         ref = self.agent.run_trial.remote(self._request(trial, at))
         issue, cancel_ref = {}, None
         result = asyncio.ensure_future(_awaitable(ref))
         # If the cancel path fails first (the agent died), the trial's own failure is still read.
         result.add_done_callback(lambda f: f.cancelled() or f.exception())
-        if at is not None and trial.delivery == "driver":
-            issue, cancel_ref = await self._deliver_from_driver(trial.trial_id)
+        probing = None
+        if trial.trial_kind == "reference" and self.sweep.timer is not None:
+            probing = asyncio.ensure_future(self._probe_round_trips(until=result))
+        if anchor is not None:
+            issue, cancel_ref = await self._deliver_from_driver(trial.trial_id, anchor)
         record = dataclasses.replace(merge(base, await self._watch(result)), **issue)
+        if probing is not None:
+            record.round_trip_probes_ms_json = json.dumps([round(ns / 1e6, 4) for ns in await probing])
         if cancel_ref is not None:
-            await cancel_ref  # the hop is finished before the next trial; its effect is t_received_ns
+            # the hop is finished before the next trial; its effect is t_received_ns
+            received_ns = (await cancel_ref).get("received_ns")
+            if received_ns is not None and issue:
+                # the round trip, without the wait for a due time after the driver saw the event
+                waited = max(0, issue["t_cancel_scheduled_ns"] - issue["t_anchor_seen_ns"])
+                self.reach_samples_ns["driver"].append(received_ns - record.t_anchor_ns - waited)
         if trial.delivery == "agent":
             record.clock_uncertainty_ns = 0  # issued on the agent's own clock
+            if record.t_issued_ns is not None and record.t_cancel_scheduled_ns is not None:
+                self.reach_samples_ns["agent"].append(max(0, record.t_issued_ns - record.t_cancel_scheduled_ns))
         row = finalize(record)
         if trial.trial_kind == "reference":
             self.refs[(trial.workload, trial.mechanism)].append(row)
         return row
 
-    async def _deliver_from_driver(self, trial_id: str) -> tuple[dict, object]:
-        """Wait for the trial's anchor event on the agent, then have the cancel timer fire
-        at anchor + delay (converted to the driver clock). The event's hop to the driver is
+    async def _deliver_from_driver(self, trial_id: str, anchor_ref) -> tuple[dict, object]:
+        """Wait for the trial's anchor event on the agent (``anchor_ref``: its ``agent.anchor``),
+        then have the cancel timer fire at anchor + delay (converted to the driver clock). The
+        event's hop to the driver is
         recorded (``t_anchor_seen_ns``); a due time it already passed fires at once, and
         ``schedule_lag_ms`` says by how much. No event (the trial ended first): no cancel.
         The event goes from Ray's thread straight to the timer (``CancelTimer.fire_after``);
@@ -229,13 +268,43 @@ class DeviceRun:
             t_anchor_ns, delay_ns = anchor
             return offset.to_driver(t_anchor_ns + delay_ns), lambda: agent.cancel.remote(trial_id)
 
-        fired = await asyncio.wrap_future(self.sweep.timer.fire_after(agent.anchor.remote(trial_id).future(), schedule))
+        fired = await asyncio.wrap_future(self.sweep.timer.fire_after(anchor_ref.future(), schedule))
         if fired is None:
             return {}, None
         seen, (t_anchor_ns, delay_ns), issued, cancel_ref = fired
         return {"t_issued_driver_ns": issued, "t_issued_ns": offset.to_agent(issued),
                 "t_cancel_scheduled_ns": t_anchor_ns + delay_ns,
                 "t_anchor_seen_ns": offset.to_agent(seen)}, cancel_ref
+
+    async def _probe_round_trips(self, until: asyncio.Future | None = None) -> list[int]:
+        """Round trips through the cancel path itself (an agent reply -> Ray's callback -> the
+        cancel timer -> an agent call), timed on the agent's clock: back to back while a
+        reference run (``until``) runs, so they see the agent under its engine's load (one
+        at a time, a few per ms of reference, on the cores the engine leaves); or
+        ``ping_samples`` of them when no reference runs first (``--resume``). The real
+        cancels that follow replace them (REACH_SAMPLES). Returns the new round trips."""
+        agent, taken = self.agent, []
+        while (len(taken) < max(1, self.sweep.config.ping_samples)) if until is None else \
+                (not taken or not until.done()):
+            fired = await asyncio.wrap_future(self.sweep.timer.fire_after(
+                agent.ping.remote().future(), lambda _: (driver_now_ns(), agent.ping.remote)))
+            _, sent_ns, _, back = fired
+            taken.append(await back - sent_ns)
+            if until is not None:
+                await asyncio.wait({until}, timeout=PROBE_EVERY_S)
+        self.reach_samples_ns["driver"].extend(taken)
+        return taken
+
+    async def _reach_ms(self, delivery: str) -> float:
+        """How late a cancel of ``delivery`` may arrive after it is due (REACH_QUANTILE of its
+        recent samples); probed first when this device has none yet."""
+        samples = self.reach_samples_ns[delivery]
+        if not samples:
+            if delivery == "driver":  # references already on disk (--resume)
+                await self._probe_round_trips()
+            else:
+                samples.extend(await self.agent.timer_probe.remote(max(1, self.sweep.config.ping_samples)))
+        return reach_ns(samples) / 1e6
 
     async def _watch(self, result: asyncio.Future):
         """The trial's result; every STATUS_EVERY_S meanwhile its phase, so a trial lost to
@@ -264,6 +333,12 @@ class DeviceRun:
     def _lost_row(self, trial: TrialSpec, exc: BaseException) -> dict:
         return finalize(dataclasses.replace(self._driver_half(trial), outcome="lost", phase_at_terminal=self.last_phase,
                                             error=f"agent died during the trial: {_unwrap(exc)}"[:2000]))
+
+
+def reach_ns(samples_ns) -> int:
+    """The REACH_QUANTILE of the samples (nearest rank: with under 20 of them, the slowest)."""
+    ordered = sorted(samples_ns)
+    return ordered[min(len(ordered) - 1, math.ceil(REACH_QUANTILE * len(ordered)) - 1)]
 
 
 async def _awaitable(ref):

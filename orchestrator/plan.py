@@ -391,6 +391,10 @@ class Resolved:
     anchor_step: int | None = None  # progress: the k-th step call of anchor_phase
     step_fraction: float | None = None  # progress: delay as a fraction of the previous step call
     anchor_ref_ms: float | None = None  # the reference run's hand-back -> entry into anchor_phase
+    # How long after the anchor the target is still there, at the shortest on the references
+    # (phase: the first stay; progress: the k-th step call and the phase's steps after it).
+    # A cancel whose delivery takes longer than this cannot be sure to land (see target_reachable).
+    window_ms: float | None = None
 
 
 def resolve_offset(trial: TrialSpec, ref: ReferenceTimeline | None) -> Resolved:
@@ -425,7 +429,7 @@ def resolve_offset(trial: TrialSpec, ref: ReferenceTimeline | None) -> Resolved:
         return Resolved(segs[-1][1])
     if trial.offset_plan == "phase":
         stay = ref.first_stay_ms.get(trial.target_phase, segs[0][1] - segs[0][0])
-        return Resolved(frac * stay, anchor_phase=trial.target_phase, anchor_ref_ms=segs[0][0])
+        return Resolved(frac * stay, anchor_phase=trial.target_phase, anchor_ref_ms=segs[0][0], window_ms=stay)
     if trial.offset_plan == "progress":
         n = int(ref.steps.get(trial.target_phase, 0))
         if n < 1:
@@ -434,6 +438,9 @@ def resolve_offset(trial: TrialSpec, ref: ReferenceTimeline | None) -> Resolved:
         k = min(n, int(point) + 1)
         sub = (point - (k - 1)) * MAX_STEP_FRACTION
         step_ms = ref.step_ms.get(trial.target_phase, sum(e - s for s, e in segs) / n)
+        # The steps from the k-th on, each at least the shortest; a phase the run enters more
+        # than once (STT prefill) may end after any of them, so only the k-th step counts there.
+        window = step_ms * ((n - k + 1) if len(segs) == 1 else 1)
         return Resolved(sub * step_ms, anchor_phase=trial.target_phase, anchor_step=k, step_fraction=sub,
-                        anchor_ref_ms=segs[0][0])
+                        anchor_ref_ms=segs[0][0], window_ms=window)
     raise ValueError(f"{trial.trial_id}: cannot resolve offset plan {trial.offset_plan!r}")

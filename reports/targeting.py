@@ -3,6 +3,12 @@ mechanism, delivery, offset plan): the share of cancel trials received in
 their target phase and inside a native call (in flight). A cell of a
 phase-aiming plan under ``TARGET_SHARE`` gets a line in the report: its
 latencies describe other phases than the ones it was meant to measure.
+
+A cancel aimed at a target shorter than its delivery's round trip
+(``target_reachable`` false: a driver-delivered cancel at a 3 ms phase when
+the driver's slowest recent round trip was 5 ms) is counted apart: the shares
+are over the reachable cancels, and the unreachable ones are listed with how
+many of them landed anyway. A cell whose cancels were all unreachable says so.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from .sections import Section
 
 TARGET_SHARE = 0.90  # below this a phase-aiming cell is reported as missing its target
 COLUMNS = ["workload", "host", "backend", "device", "mechanism", "delivery", "offset_plan", "target_phase",
-           "phase_at_receipt", "native_call_at_receipt", "t_received_ns"]
+           "phase_at_receipt", "native_call_at_receipt", "t_received_ns", "target_reachable"]
 KEYS = ["workload", "device_key", "mechanism", "delivery", "offset_plan"]
 
 
@@ -28,11 +34,14 @@ class Targeting:
     offset_plan: str
     n: int
     in_phase: float | None  # share received in the target phase (None: the plan aims at no phase)
-    in_flight: float  # share received inside a native call
+    in_flight: float | None  # share received inside a native call (None: no reachable cancel)
+    unreachable: int = 0  # cancels aimed at a target shorter than their delivery's round trip (not in the shares)
+    unreachable_in_phase: int = 0  # of those, how many landed in their target phase anyway
 
     @property
     def missed(self) -> bool:
-        return self.in_phase is not None and min(self.in_phase, self.in_flight) < TARGET_SHARE
+        return (self.in_phase is not None and self.in_flight is not None
+                and min(self.in_phase, self.in_flight) < TARGET_SHARE)
 
 
 def load_targeting(dirs: list[str | Path], filters: Filters = Filters()) -> list[Targeting]:
@@ -43,31 +52,40 @@ def load_targeting(dirs: list[str | Path], filters: Filters = Filters()) -> list
     frame["device_key"] = frame["host"].astype(str) + "/" + frame["device"].astype(str)
     frame["in_phase"] = frame["phase_at_receipt"].eq(frame["target_phase"])
     frame["in_flight"] = frame["native_call_at_receipt"].notna()
+    # null (records from before the column, time plans): reachable
+    frame["unreachable"] = frame["target_reachable"].eq(False)
     out = []
     for key, g in frame.groupby(KEYS, sort=True, dropna=False):
         aimed = g["target_phase"].notna().any()
-        out.append(Targeting(*map(str, key), n=len(g), in_phase=float(g["in_phase"].mean()) if aimed else None,
-                             in_flight=float(g["in_flight"].mean())))
+        far, near = g[g["unreachable"]], g[~g["unreachable"]]
+        out.append(Targeting(*map(str, key), n=len(near),
+                             in_phase=float(near["in_phase"].mean()) if aimed and len(near) else None,
+                             in_flight=float(near["in_flight"].mean()) if len(near) else None,
+                             unreachable=len(far), unreachable_in_phase=int(far["in_phase"].sum())))
     return out
 
 
 def targeting_section(rows: list[Targeting]) -> Section | None:
     """The cells whose plan aims at a phase (phase, progress, phase_time); the others
     (time plans) are summed up in the note by their in-flight share."""
-    aimed = [r for r in rows if r.in_phase is not None]
+    aimed = [r for r in rows if r.in_phase is not None or r.unreachable]
     if not aimed:
         return None
     missed = [r for r in aimed if r.missed]
-    others = [r for r in rows if r.in_phase is None]
+    others = [r for r in rows if r.in_phase is None and not r.unreachable and r.in_flight is not None]
     n_others = sum(r.n for r in others)
+    far = sum(r.unreachable for r in aimed)
     note = (f"share of cancel trials received in their target phase and inside a native call; "
             f"a cell under {TARGET_SHARE:.0%} is marked MISSED" + (f" ({len(missed)} cell(s))" if missed else "")
+            + (f"; {far} cancel(s) aimed at a target shorter than their delivery's round trip are not in the "
+               f"shares (\"unreachable\": landed in phase / aimed)" if far else "")
             + (f"; cells of time plans: {sum(r.in_flight * r.n for r in others) / n_others:.0%} of "
                f"{n_others} cancels in flight" if n_others else ""))
     return Section(
         "Targeting", note,
-        ["workload", "device", "mechanism", "delivery", "plan", "n", "in target phase", "in flight", ""],
+        ["workload", "device", "mechanism", "delivery", "plan", "n", "in target phase", "in flight", "unreachable", ""],
         [[r.workload, r.device_key, r.mechanism, r.delivery, r.offset_plan, str(r.n),
-          "–" if r.in_phase is None else f"{r.in_phase:.0%}", f"{r.in_flight:.0%}", "MISSED" if r.missed else ""]
+          "–" if r.in_phase is None else f"{r.in_phase:.0%}", "–" if r.in_flight is None else f"{r.in_flight:.0%}",
+          f"{r.unreachable_in_phase}/{r.unreachable}" if r.unreachable else "", "MISSED" if r.missed else ""]
          for r in aimed],
         key_columns=5, sid="targeting")

@@ -5,6 +5,7 @@ host that claims Metal (this machine cannot run Metal: its agent must report
 the device missing, and a sweep that asks for it must fail before any trial).
 """
 
+import json
 import os
 import secrets
 import signal
@@ -143,13 +144,20 @@ def test_clock_offset_estimate_recovers_an_injected_skew(ray_cluster):
 
 def test_phase_plan_aims_at_every_phase(ray_cluster, tmp_path):
     cfg = config(offsets=OffsetSpec(plan="phase", min_per_phase=4), mechanisms=("between_calls",),
-                 trials_per_cell=1)
+                 trials_per_cell=1, deliveries=("driver", "agent"))
     run_sweep(cfg, tmp_path / "ph", progress=False)
     df = read_records(tmp_path / "ph")
     c = df[df.trial_kind == "cancel"]
-    assert c.target_phase.value_counts().to_dict() == {"prefill": 4, "generate": 4}
+    assert c.groupby("delivery").target_phase.value_counts().to_dict() == {
+        (d, p): 4 for d in ("driver", "agent") for p in ("prefill", "generate")}
     hit = c[c.phase_at_receipt == c.target_phase]
     assert set(hit.phase_at_receipt) == {"prefill", "generate"}  # each phase actually hit
+    # every cancel says whether its delivery could reach the target in time, from measured reach
+    assert (c.target_window_ms > 0).all() and (c.delivery_reach_ms > 0).all()
+    assert c.target_reachable.eq(c.target_window_ms - c.offset_target_ms > c.delivery_reach_ms).all()
+    # the driver's reach was probed through the cancel path while each reference ran
+    probes = df[df.trial_kind == "reference"].round_trip_probes_ms_json.map(json.loads)
+    assert len(probes) == 3 and all(p and min(p) > 0 for p in probes)
 
 
 @pytest.mark.skipif(not HAVE_VULKAN and not REQUIRE_VULKAN,
