@@ -156,7 +156,8 @@ _FIELDS: list[tuple] = [
      "reference runs, at the shortest (phase: the first stay in the phase; progress: the k-th step call and the "
      "phase's steps after it), ms"),
     ("delivery_reach_ms", _F64, "plan", "how late this delivery's cancel may arrive after it is due: the 95th "
-     "percentile (nearest rank; the slowest of under 20) of this device's last 64 samples before the trial, ms. "
+     "percentile (nearest rank; the slowest of under 20) of this device's last 64 samples of the workload before "
+     "the trial, ms. "
      "Driver: round trips anchor event -> driver -> cancel received, less any wait for the due time "
      "(round_trip_probes_ms_json until cancels have run); agent: its timer's lateness, t_issued - "
      "t_cancel_scheduled (timer probes until then)"),

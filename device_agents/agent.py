@@ -121,8 +121,9 @@ class DeviceAgent:
     def timer_probe(self, n: int) -> list[int]:
         """How late agent delivery's timer fires (ns), ``n`` times, on the path a trial uses
         (AnchorWatch.start_timer): a thread waiting for the anchor is woken by another
-        thread, sleeps to a due time 0.1 ms later and fires. The driver's first estimate
-        of agent delivery's reach, before any agent-delivered cancel has run."""
+        thread and fires a cancel due at the anchor itself (a delay of 0, the worst case:
+        the whole wake-up is late). The driver's first estimate of agent delivery's reach,
+        before any agent-delivered cancel has run."""
         from cancelbench import native
 
         late = []
@@ -137,7 +138,7 @@ class DeviceAgent:
             thread = threading.Thread(target=timer, name="timer-probe", daemon=True)
             thread.start()
             time.sleep(0.001)  # the timer is waiting, as it is when a trial's anchor comes
-            due.append(native.now_ns() + 100_000)
+            due.append(native.now_ns())
             anchor.set()
             thread.join()
             late.append(max(0, fired[0] - due[0]))

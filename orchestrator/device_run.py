@@ -112,9 +112,12 @@ class DeviceRun:
         self.loaded_name: str | None = None
         self.last_phase: str | None = None  # last phase seen by status polls during a trial
         self.stopped: str | None = None  # why this device stopped early
-        # per delivery, how late its recent cancels arrived after they were due (ns): driver, the
-        # round trip anchor event -> driver -> agent; agent, its timer's lateness (due -> issued)
-        self.reach_samples_ns = {d: collections.deque(maxlen=REACH_SAMPLES) for d in ("driver", "agent")}
+        # per (delivery, workload), how late its recent cancels arrived after they were due (ns):
+        # driver, the round trip anchor event -> driver -> agent; agent, its timer's lateness
+        # (due -> issued). Per workload: what the engine does sets the tail (on this host a TTS
+        # trial's start took 7-10 ms round trips where text's took under 2).
+        self.reach_samples_ns: dict[tuple[str, str], collections.deque[int]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=REACH_SAMPLES))
 
     async def run(self) -> list[str]:
         for i, trial in enumerate(self.trials):
@@ -215,7 +218,7 @@ class DeviceRun:
             base.offset_target_ms, base.anchor_step = at.offset_ms, at.anchor_step
             if at.window_ms is not None:
                 base.target_window_ms = at.window_ms
-                base.delivery_reach_ms = await self._reach_ms(trial.delivery)
+                base.delivery_reach_ms = await self._reach_ms(trial.delivery, trial.workload)
                 # due at anchor + delay, received up to the delivery's reach later
                 base.target_reachable = at.window_ms - at.offset_ms > base.delivery_reach_ms
         # A driver-delivered cancel asks for its anchor before the trial starts: the agent holds
@@ -230,7 +233,7 @@ class DeviceRun:
         result.add_done_callback(lambda f: f.cancelled() or f.exception())
         probing = None
         if trial.trial_kind == "reference" and self.sweep.timer is not None:
-            probing = asyncio.ensure_future(self._probe_round_trips(until=result))
+            probing = asyncio.ensure_future(self._probe_round_trips(trial.workload, until=result))
         if anchor is not None:
             issue, cancel_ref = await self._deliver_from_driver(trial.trial_id, anchor)
         record = dataclasses.replace(merge(base, await self._watch(result)), **issue)
@@ -242,11 +245,12 @@ class DeviceRun:
             if received_ns is not None and issue:
                 # the round trip, without the wait for a due time after the driver saw the event
                 waited = max(0, issue["t_cancel_scheduled_ns"] - issue["t_anchor_seen_ns"])
-                self.reach_samples_ns["driver"].append(received_ns - record.t_anchor_ns - waited)
+                self.reach_samples_ns["driver", trial.workload].append(received_ns - record.t_anchor_ns - waited)
         if trial.delivery == "agent":
             record.clock_uncertainty_ns = 0  # issued on the agent's own clock
             if record.t_issued_ns is not None and record.t_cancel_scheduled_ns is not None:
-                self.reach_samples_ns["agent"].append(max(0, record.t_issued_ns - record.t_cancel_scheduled_ns))
+                self.reach_samples_ns["agent", trial.workload].append(
+                    max(0, record.t_issued_ns - record.t_cancel_scheduled_ns))
         row = finalize(record)
         if trial.trial_kind == "reference":
             self.refs[(trial.workload, trial.mechanism)].append(row)
@@ -276,13 +280,13 @@ class DeviceRun:
                 "t_cancel_scheduled_ns": t_anchor_ns + delay_ns,
                 "t_anchor_seen_ns": offset.to_agent(seen)}, cancel_ref
 
-    async def _probe_round_trips(self, until: asyncio.Future | None = None) -> list[int]:
+    async def _probe_round_trips(self, workload: str, until: asyncio.Future | None = None) -> list[int]:
         """Round trips through the cancel path itself (an agent reply -> Ray's callback -> the
-        cancel timer -> an agent call), timed on the agent's clock: back to back while a
-        reference run (``until``) runs, so they see the agent under its engine's load (one
-        at a time, a few per ms of reference, on the cores the engine leaves); or
-        ``ping_samples`` of them when no reference runs first (``--resume``). The real
-        cancels that follow replace them (REACH_SAMPLES). Returns the new round trips."""
+        cancel timer -> an agent call), timed on the agent's clock: one every PROBE_EVERY_S
+        while a reference run of ``workload`` (``until``) runs, so they see the agent under
+        its engine's load; or ``ping_samples`` of them when no reference runs first
+        (``--resume``). The real cancels that follow replace them (REACH_SAMPLES). Returns
+        the new round trips."""
         agent, taken = self.agent, []
         while (len(taken) < max(1, self.sweep.config.ping_samples)) if until is None else \
                 (not taken or not until.done()):
@@ -292,16 +296,16 @@ class DeviceRun:
             taken.append(await back - sent_ns)
             if until is not None:
                 await asyncio.wait({until}, timeout=PROBE_EVERY_S)
-        self.reach_samples_ns["driver"].extend(taken)
+        self.reach_samples_ns["driver", workload].extend(taken)
         return taken
 
-    async def _reach_ms(self, delivery: str) -> float:
-        """How late a cancel of ``delivery`` may arrive after it is due (REACH_QUANTILE of its
-        recent samples); probed first when this device has none yet."""
-        samples = self.reach_samples_ns[delivery]
+    async def _reach_ms(self, delivery: str, workload: str) -> float:
+        """How late a cancel of ``delivery`` may arrive after it is due during ``workload``
+        (REACH_QUANTILE of its recent samples); probed first when this device has none yet."""
+        samples = self.reach_samples_ns[delivery, workload]
         if not samples:
             if delivery == "driver":  # references already on disk (--resume)
-                await self._probe_round_trips()
+                await self._probe_round_trips(workload)
             else:
                 samples.extend(await self.agent.timer_probe.remote(max(1, self.sweep.config.ping_samples)))
         return reach_ns(samples) / 1e6
