@@ -39,6 +39,10 @@ class TrialRequest:
     # offset_ms by this trial's own pace so far (its time to the same event over this).
     anchor_ref_ms: float | None = None
     wav_out: str | None = None  # tts reference runs: where to keep the synthesis for listening
+    # Reference runs of a driver-delivered anchored sweep: the agent feeds the run's phase
+    # entries to DeviceAgent.next_phase_entry, so the driver can time its round trip from
+    # each (the reach of a cancel anchored there).
+    feed_phases: bool = False
 
     def __post_init__(self) -> None:
         if self.trial_kind not in TRIAL_KINDS:

@@ -156,14 +156,14 @@ _FIELDS: list[tuple] = [
      "reference runs, at the shortest (phase: the first stay in the phase; progress: the k-th step call and the "
      "phase's steps after it), ms"),
     ("delivery_reach_ms", _F64, "plan", "how late this delivery's cancel may arrive after it is due: the 95th "
-     "percentile (nearest rank; the slowest of under 20) of this device's last 64 samples of the workload before "
-     "the trial, ms. "
-     "Driver: round trips anchor event -> driver -> cancel received, less any wait for the due time "
-     "(round_trip_probes_ms_json until cancels have run); agent: its timer's lateness, t_issued - "
-     "t_cancel_scheduled (timer probes until then)"),
-    ("round_trip_probes_ms_json", _STR, "plan", "reference runs of a sweep with driver delivery: the round trips "
-     "through the cancel path (agent reply -> driver's cancel timer -> agent call) timed on the agent's clock while "
-     "the reference ran, ms, JSON list; with the driver cancels' own round trips they make delivery_reach_ms"),
+     "percentile (nearest rank; the slowest of under 20) of this device's last 64 samples before the trial, ms. "
+     "Driver, per workload and anchor phase: round trips anchor event -> driver -> cancel received, less any "
+     "wait for the due time, and those timed from the references' phase entries (round_trip_probes_ms_json); "
+     "agent, per workload: its timer's lateness, t_issued - t_cancel_scheduled (timer probes until then)"),
+    ("round_trip_probes_ms_json", _STR, "plan", "reference runs of a phase/progress sweep with driver delivery: "
+     "the cancel path timed from each phase entry (agent answers at the entry -> driver's cancel timer -> agent "
+     "call), on the agent's clock, ms, JSON {phase: [ms, ...]}; with the driver cancels' own round trips they "
+     "make delivery_reach_ms"),
     ("target_reachable", _BOOL, "plan", "target_window_ms - offset_target_ms > delivery_reach_ms: the target "
      "outlasts the planned delay by the delivery's reach. False: the delivery cannot be sure to reach the target "
      "in time, and the report counts the trial apart from its cell's hit rate"),

@@ -23,7 +23,7 @@ import ray
 from cancelbench.request import TrialRequest
 from cancelbench.schema import TrialRecord, agent_half, columns_of
 
-from .anchors import AnchorWatch
+from .anchors import AnchorWatch, PhaseFeed
 
 CONTROL = "control"
 TRIAL = "trial"
@@ -78,6 +78,8 @@ class DeviceAgent:
         self._current: tuple[str, object] | None = None  # (trial id, its CancelControl)
         # trial id -> its AnchorWatch (cancel trials), until the driver asked for its anchor
         self._watches: collections.OrderedDict[str, AnchorWatch] = collections.OrderedDict()
+        # trial id -> its PhaseFeed (reference runs with feed_phases), kept until old
+        self._feeds: collections.OrderedDict[str, PhaseFeed] = collections.OrderedDict()
         self._changed = threading.Condition(self._lock)  # a trial started or finished
         self._latched: dict[str, int] = {}
         self._finished: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -116,6 +118,19 @@ class DeviceAgent:
             return None
         watch.done.wait()
         return None if watch.t_anchor_ns is None else (watch.t_anchor_ns, watch.delay_ns)
+
+    @ray.method(concurrency_group=CONTROL)
+    def next_phase_entry(self, trial_id: str) -> tuple[str, int] | None:
+        """(phase, t_entry_ns) of the reference run's first phase entry after this call
+        arrived; None if it ended without one (or feeds no phases). Asked again at once
+        after each answer, it lets the driver time a cancel path from each phase entry."""
+        from cancelbench import native
+
+        since = native.now_ns()
+        with self._changed:
+            self._changed.wait_for(lambda: trial_id in self._feeds or trial_id in self._finished)
+            feed = self._feeds.get(trial_id)
+        return None if feed is None else feed.next_after(since)
 
     @ray.method(concurrency_group=CONTROL)
     def timer_probe(self, n: int) -> list[int]:
@@ -215,14 +230,19 @@ class DeviceAgent:
         trial_id = request.trial_id
         ctl = CancelControl(self.token, Progress(step_calls=self._step_calls))
         watch = AnchorWatch(request, t_handback) if request.has_cancel else None
-        if watch is not None:
-            ctl.progress.listener = watch
+        feed = PhaseFeed() if request.feed_phases and watch is None else None
+        if watch is not None or feed is not None:
+            ctl.progress.listener = watch or feed
         ctl.step_delay = _test_step_delay(request)
         with self._changed:
             self.token.reset()
             self._current = (trial_id, ctl)
             if watch is not None and request.delivery == "driver":
                 self._watches[trial_id] = watch
+            if feed is not None:
+                self._feeds[trial_id] = feed
+                while len(self._feeds) > 64:
+                    self._feeds.popitem(last=False)
             latched_ns = self._latched.pop(trial_id, None)
             self._changed.notify_all()
         if latched_ns is not None:
@@ -235,6 +255,8 @@ class DeviceAgent:
         finally:
             if watch is not None:
                 watch.finish()
+            if feed is not None:
+                feed.finish()
             with self._changed:
                 self._current = None
                 self._finished[trial_id] = native.now_ns()

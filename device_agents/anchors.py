@@ -104,3 +104,35 @@ class AnchorWatch:
         timer = threading.Thread(target=run, name=f"cancel-timer-{self.request.trial_id}", daemon=True)
         timer.start()
         return timer
+
+
+class PhaseFeed:
+    """A reference run's phase entries, for the driver's reach probes: the driver asks for the
+    next entry after its question arrived (DeviceAgent.next_phase_entry) and times the round
+    trip from it, as a cancel anchored on entering that phase would travel. The listener only
+    appends and notifies, so the engine is not slowed down."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, int]] = []  # (phase, t_entry_ns), in order
+        self._done = False
+        self._cond = threading.Condition()
+
+    def __call__(self, event: str, phase: str, t_ns: int) -> None:
+        if event == "phase" and phase != "done":
+            with self._cond:
+                self.entries.append((phase, t_ns))
+                self._cond.notify_all()
+
+    def finish(self) -> None:
+        with self._cond:
+            self._done = True
+            self._cond.notify_all()
+
+    def next_after(self, since_ns: int) -> tuple[str, int] | None:
+        """The first entry after ``since_ns`` (waits for it); None once the run has ended without one."""
+        def first() -> tuple[str, int] | None:
+            return next((e for e in self.entries if e[1] > since_ns), None)
+
+        with self._cond:
+            self._cond.wait_for(lambda: self._done or first() is not None)
+            return first()

@@ -39,7 +39,7 @@ from cancelbench.schema import TrialRecord, driver_half, finalize, merge
 from .cancel_timer import CancelTimer
 from .clock import ClockOffset, driver_now_ns, estimate_offset_async
 from .cluster import DeviceSlot
-from .config import SweepConfig, trial_settings
+from .config import ANCHORED_PLANS, SweepConfig, trial_settings
 from .plan import ReferenceTimeline, Resolved, TrialSpec, resolve_offset
 
 OFFSET_REFRESH_S = 30.0  # re-ping an agent before a trial when its offset estimate is older
@@ -48,17 +48,14 @@ OFFSET_REFRESH_S = 30.0  # re-ping an agent before a trial when its offset estim
 # 0.5 s polls a farm of second-long trials spent about two agent calls per trial on them.
 STATUS_EVERY_S = 2.0
 STOP_POLL_S = 0.2  # how often the event loop looks at the sweep's stop flag (set from the main thread)
-# A driver-delivered cancel aimed at a target shorter than the driver's round trip cannot be
-# sure to land in it. The reach compared against is a high quantile of the device's last
-# REACH_SAMPLES round trips (anchor event -> driver -> cancel received), not their median:
-# a target the median reaches is still missed by every slower round trip (on this 2-core
-# host, 1 in 5 took 2-5 ms against a median near 1 ms, on an idle core: inside Ray's reply
-# path, not CPU starvation), and REACH_QUANTILE is the share a target must be sure of.
+# A cancel aimed at a target shorter than its delivery takes cannot be sure to land in it.
+# The reach compared against is a high quantile of the last REACH_SAMPLES measured samples
+# (driver: round trips anchor event -> driver -> cancel received), not their median: a
+# target the median reaches is still missed by every slower one (on this 2-core host 1 in 5
+# driver round trips took 2-8 ms against a median near 1 ms), and REACH_QUANTILE is the
+# share a target must be sure of.
 REACH_SAMPLES = 64
 REACH_QUANTILE = 0.95
-# Round-trip probes during a reference run are this far apart: a few dozen per reference, so
-# they barely take from the engine whose timeline the plan is drawn from.
-PROBE_EVERY_S = 0.005
 
 
 class ReferencesFailed(RuntimeError):
@@ -112,11 +109,12 @@ class DeviceRun:
         self.loaded_name: str | None = None
         self.last_phase: str | None = None  # last phase seen by status polls during a trial
         self.stopped: str | None = None  # why this device stopped early
-        # per (delivery, workload), how late its recent cancels arrived after they were due (ns):
-        # driver, the round trip anchor event -> driver -> agent; agent, its timer's lateness
-        # (due -> issued). Per workload: what the engine does sets the tail (on this host a TTS
-        # trial's start took 7-10 ms round trips where text's took under 2).
-        self.reach_samples_ns: dict[tuple[str, str], collections.deque[int]] = collections.defaultdict(
+        # How late recent cancels arrived after they were due (ns). Driver: the round trip
+        # anchor event -> driver -> agent, per (workload, anchor phase), because what the engine
+        # does at the event sets it (on this host a TTS trial's start, tokenizing in Python,
+        # took 4-10 ms where its prompt phase took under 1.5); None: idle pings (--resume).
+        # Agent: its timer's lateness (due -> issued), per workload.
+        self.reach_samples_ns: dict[tuple, collections.deque[int]] = collections.defaultdict(
             lambda: collections.deque(maxlen=REACH_SAMPLES))
 
     async def run(self) -> list[str]:
@@ -179,7 +177,7 @@ class DeviceRun:
             host=self.slot.host, backend=self.slot.backend, device=self.slot.device_id,
         )
 
-    def _request(self, trial: TrialSpec, at: Resolved | None) -> TrialRequest:
+    def _request(self, trial: TrialSpec, at: Resolved | None, feed_phases: bool = False) -> TrialRequest:
         """The typed request for the agent (the input resolved from the corpus)."""
         item = self.sweep.inputs[trial.workload][trial.input_id]
         wav_out = None
@@ -189,7 +187,7 @@ class DeviceRun:
         return TrialRequest(
             trial_id=trial.trial_id, trial_kind=trial.trial_kind, mechanism=trial.mechanism,
             delivery=trial.delivery, input_id=trial.input_id, input=item.get("wav") or item.get("text", ""),
-            lang=item.get("lang"), wav_out=wav_out,
+            lang=item.get("lang"), wav_out=wav_out, feed_phases=feed_phases,
             **({} if at is None else dict(offset_ms=at.offset_ms, anchor_phase=at.anchor_phase,
                                          anchor_step=at.anchor_step, step_fraction=at.step_fraction,
                                          anchor_ref_ms=at.anchor_ref_ms)))
@@ -218,7 +216,7 @@ class DeviceRun:
             base.offset_target_ms, base.anchor_step = at.offset_ms, at.anchor_step
             if at.window_ms is not None:
                 base.target_window_ms = at.window_ms
-                base.delivery_reach_ms = await self._reach_ms(trial.delivery, trial.workload)
+                base.delivery_reach_ms = await self._reach_ms(trial.delivery, trial.workload, at.anchor_phase)
                 # due at anchor + delay, received up to the delivery's reach later
                 base.target_reachable = at.window_ms - at.offset_ms > base.delivery_reach_ms
         # A driver-delivered cancel asks for its anchor before the trial starts: the agent holds
@@ -226,26 +224,31 @@ class DeviceRun:
         # trial, the question's own trip was part of the event hop, and an anchor at the start
         # (the first phase, entered at hand-back) reached the driver 3-5 ms late.
         anchor = self.agent.anchor.remote(trial.trial_id) if at is not None and trial.delivery == "driver" else None
-        ref = self.agent.run_trial.remote(self._request(trial, at))
+        # A reference run of a driver-delivered anchored sweep feeds its phase entries, and the
+        # driver times the cancel path from each (asked before the trial, like an anchor).
+        feed = (trial.trial_kind == "reference" and self.sweep.timer is not None
+                and self.sweep.config.offsets.plan in ANCHORED_PLANS)
+        probing = asyncio.ensure_future(self._probe_phase_entries(
+            trial.workload, trial.trial_id, self.agent.next_phase_entry.remote(trial.trial_id))) if feed else None
+        ref = self.agent.run_trial.remote(self._request(trial, at, feed_phases=feed))
         issue, cancel_ref = {}, None
         result = asyncio.ensure_future(_awaitable(ref))
         # If the cancel path fails first (the agent died), the trial's own failure is still read.
         result.add_done_callback(lambda f: f.cancelled() or f.exception())
-        probing = None
-        if trial.trial_kind == "reference" and self.sweep.timer is not None:
-            probing = asyncio.ensure_future(self._probe_round_trips(trial.workload, until=result))
         if anchor is not None:
             issue, cancel_ref = await self._deliver_from_driver(trial.trial_id, anchor)
         record = dataclasses.replace(merge(base, await self._watch(result)), **issue)
         if probing is not None:
-            record.round_trip_probes_ms_json = json.dumps([round(ns / 1e6, 4) for ns in await probing])
+            record.round_trip_probes_ms_json = json.dumps(
+                {phase: [round(ns / 1e6, 4) for ns in trips] for phase, trips in (await probing).items()})
         if cancel_ref is not None:
             # the hop is finished before the next trial; its effect is t_received_ns
             received_ns = (await cancel_ref).get("received_ns")
             if received_ns is not None and issue:
                 # the round trip, without the wait for a due time after the driver saw the event
                 waited = max(0, issue["t_cancel_scheduled_ns"] - issue["t_anchor_seen_ns"])
-                self.reach_samples_ns["driver", trial.workload].append(received_ns - record.t_anchor_ns - waited)
+                self.reach_samples_ns["driver", trial.workload, at.anchor_phase].append(
+                    received_ns - record.t_anchor_ns - waited)
         if trial.delivery == "agent":
             record.clock_uncertainty_ns = 0  # issued on the agent's own clock
             if record.t_issued_ns is not None and record.t_cancel_scheduled_ns is not None:
@@ -280,34 +283,42 @@ class DeviceRun:
                 "t_cancel_scheduled_ns": t_anchor_ns + delay_ns,
                 "t_anchor_seen_ns": offset.to_agent(seen)}, cancel_ref
 
-    async def _probe_round_trips(self, workload: str, until: asyncio.Future | None = None) -> list[int]:
-        """Round trips through the cancel path itself (an agent reply -> Ray's callback -> the
-        cancel timer -> an agent call), timed on the agent's clock: one every PROBE_EVERY_S
-        while a reference run of ``workload`` (``until``) runs, so they see the agent under
-        its engine's load; or ``ping_samples`` of them when no reference runs first
-        (``--resume``). The real cancels that follow replace them (REACH_SAMPLES). Returns
-        the new round trips."""
-        agent, taken = self.agent, []
-        while (len(taken) < max(1, self.sweep.config.ping_samples)) if until is None else \
-                (not taken or not until.done()):
+    async def _probe_phase_entries(self, workload: str, trial_id: str, question) -> dict[str, list[int]]:
+        """During a reference run: the cancel path timed from each phase entry, as a cancel
+        anchored there travels (the agent answers ``next_phase_entry`` at the entry -> Ray's
+        callback -> the cancel timer -> an agent call, timed on the agent's clock). A phase
+        entered while the previous answer was on its way is skipped. Returns phase -> round
+        trips (ns), also kept as reach samples."""
+        agent, taken = self.agent, {}
+        while True:
             fired = await asyncio.wrap_future(self.sweep.timer.fire_after(
-                agent.ping.remote().future(), lambda _: (driver_now_ns(), agent.ping.remote)))
-            _, sent_ns, _, back = fired
-            taken.append(await back - sent_ns)
-            if until is not None:
-                await asyncio.wait({until}, timeout=PROBE_EVERY_S)
-        self.reach_samples_ns["driver", workload].extend(taken)
+                question.future(), lambda entry: None if entry is None else (driver_now_ns(), agent.ping.remote)))
+            if fired is None:
+                break
+            _, (phase, t_entry_ns), _, back = fired
+            question = agent.next_phase_entry.remote(trial_id)  # at once: the next entry may be near
+            taken.setdefault(phase, []).append(await back - t_entry_ns)
+        for phase, trips in taken.items():
+            self.reach_samples_ns["driver", workload, phase].extend(trips)
         return taken
 
-    async def _reach_ms(self, delivery: str, workload: str) -> float:
-        """How late a cancel of ``delivery`` may arrive after it is due during ``workload``
-        (REACH_QUANTILE of its recent samples); probed first when this device has none yet."""
-        samples = self.reach_samples_ns[delivery, workload]
+    async def _reach_ms(self, delivery: str, workload: str, phase: str | None) -> float:
+        """How late a cancel of ``delivery`` anchored at ``phase`` of ``workload`` may arrive
+        after it is due (REACH_QUANTILE of its recent samples). Without samples yet (the
+        references ran before a --resume): ``ping_samples`` idle round trips through the
+        cancel path, or the agent's timer probes."""
+        key = ("driver", workload, phase) if delivery == "driver" else ("agent", workload)
+        samples = self.reach_samples_ns[key] or self.reach_samples_ns[key[:2] + (None,)]
         if not samples:
-            if delivery == "driver":  # references already on disk (--resume)
-                await self._probe_round_trips(workload)
+            n = max(1, self.sweep.config.ping_samples)
+            if delivery == "driver":
+                agent = self.agent
+                for _ in range(n):
+                    _, sent_ns, _, back = await asyncio.wrap_future(self.sweep.timer.fire_after(
+                        agent.ping.remote().future(), lambda _: (driver_now_ns(), agent.ping.remote)))
+                    samples.append(await back - sent_ns)
             else:
-                samples.extend(await self.agent.timer_probe.remote(max(1, self.sweep.config.ping_samples)))
+                samples.extend(await self.agent.timer_probe.remote(n))
         return reach_ns(samples) / 1e6
 
     async def _watch(self, result: asyncio.Future):
