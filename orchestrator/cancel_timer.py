@@ -27,6 +27,30 @@ SPIN_NS = 200_000  # the last this-many ns before a deadline: yield the GIL in a
 SWITCH_INTERVAL_S = 0.0001
 
 
+# The switch interval is process-wide: lowered while any timer is open, restored when the
+# last one closes (two sweeps in one process, e.g. a benchmark's, overlap their timers).
+_interval_lock = threading.Lock()
+_open_timers = 0
+_interval_before = 0.0
+
+
+def _lower_switch_interval() -> None:
+    global _open_timers, _interval_before
+    with _interval_lock:
+        if _open_timers == 0:
+            _interval_before = sys.getswitchinterval()
+            sys.setswitchinterval(min(_interval_before, SWITCH_INTERVAL_S))
+        _open_timers += 1
+
+
+def _restore_switch_interval() -> None:
+    global _open_timers
+    with _interval_lock:
+        _open_timers -= 1
+        if _open_timers == 0:
+            sys.setswitchinterval(_interval_before)
+
+
 def sleep_until_driver(deadline_ns: int) -> None:
     """Sleep to the deadline, then yield (time.sleep(0) releases the GIL) until it passes."""
     while True:
@@ -46,8 +70,7 @@ class CancelTimer:
         self._seq = itertools.count()  # ties fire in the order they were asked for
         self._cond = threading.Condition()
         self._closed = False
-        self._previous_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._previous_interval, SWITCH_INTERVAL_S))
+        _lower_switch_interval()
         self._thread = threading.Thread(target=self._loop, name="cancel-timer", daemon=True)
         self._thread.start()
 
@@ -99,10 +122,11 @@ class CancelTimer:
     def close(self) -> None:
         """Stop the thread; cancels still waiting fail (their trials are ending anyway)."""
         with self._cond:
-            self._closed = True
+            was_closed, self._closed = self._closed, True
             self._cond.notify()
         self._thread.join(timeout=5)
-        sys.setswitchinterval(self._previous_interval)
+        if not was_closed:
+            _restore_switch_interval()
 
     def _loop(self) -> None:
         while True:

@@ -315,3 +315,26 @@ def test_the_targeting_report_counts_unreachable_cancels_apart(tmp_path):
     assert not cell.missed
     section = targeting_section([cell])
     assert section.rows[0][-2:] == ["1/4", ""] and "4 cancel(s) aimed at a target shorter" in section.note
+
+
+def test_a_phase_feed_answers_with_the_first_entry_after_the_question_and_none_at_the_end():
+    """Known answers: entries at 10, 20, 30 ns; a question asked at 15 gets the entry at 20 (not
+    10, which happened before it was asked: its round trip would count a wait); one asked
+    after the last entry waits and gets None when the run ends. The terminal "done" phase is
+    not an entry a cancel could be anchored to."""
+    import threading
+
+    from cancelbench.device_agents.anchors import PhaseFeed
+
+    feed = PhaseFeed()
+    for phase, t in (("prefill", 10), ("generate", 20), ("output", 30)):
+        feed("phase", phase, t)
+    feed("step", "output", 31)
+    assert feed.next_after(15) == ("generate", 20) and feed.next_after(5) == ("prefill", 10)
+    answers = []
+    asker = threading.Thread(target=lambda: answers.append(feed.next_after(30)))
+    asker.start()
+    feed("phase", "done", 40)
+    feed.finish()
+    asker.join(timeout=60)
+    assert answers == [None]

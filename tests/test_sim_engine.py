@@ -282,3 +282,26 @@ def test_a_long_trial_is_asked_for_its_phase_and_a_short_one_is_not(local_ray, m
         assert not calls and watcher.last_phase is None  # done before the first ask
     finally:
         local_ray.kill(agent)
+
+
+def test_overlapping_cancel_timers_restore_the_switch_interval_only_when_the_last_closes():
+    """Known answers: the process's switch interval is 0.1 ms while any timer is open, and is
+    back to what it was after the last one closes, whatever order they close in (closing one
+    twice counts once)."""
+    import sys
+
+    from cancelbench.orchestrator.cancel_timer import SWITCH_INTERVAL_S, CancelTimer
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.004)
+        first = CancelTimer()
+        second = CancelTimer()
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)  # held in whole microseconds
+        first.close()
+        first.close()
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)  # the second timer is still open
+        second.close()
+        assert sys.getswitchinterval() == pytest.approx(0.004)
+    finally:
+        sys.setswitchinterval(before)
