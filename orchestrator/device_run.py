@@ -230,6 +230,8 @@ class DeviceRun:
                 and self.sweep.config.offsets.plan in ANCHORED_PLANS)
         probing = asyncio.ensure_future(self._probe_phase_entries(
             trial.workload, trial.trial_id, self.agent.next_phase_entry.remote(trial.trial_id))) if feed else None
+        if probing is not None:  # an agent that died mid-run fails it too: the trial's record says so
+            probing.add_done_callback(lambda f: f.cancelled() or f.exception())
         ref = self.agent.run_trial.remote(self._request(trial, at, feed_phases=feed))
         issue, cancel_ref = {}, None
         result = asyncio.ensure_future(_awaitable(ref))
@@ -239,8 +241,12 @@ class DeviceRun:
             issue, cancel_ref = await self._deliver_from_driver(trial.trial_id, anchor)
         record = dataclasses.replace(merge(base, await self._watch(result)), **issue)
         if probing is not None:
+            try:
+                trips = await probing
+            except Exception:  # the probes' answer was lost; the reference run stands without it
+                trips = {}
             record.round_trip_probes_ms_json = json.dumps(
-                {phase: [round(ns / 1e6, 4) for ns in trips] for phase, trips in (await probing).items()})
+                {phase: [round(ns / 1e6, 4) for ns in ms] for phase, ms in trips.items()})
         if cancel_ref is not None:
             # the hop is finished before the next trial; its effect is t_received_ns
             received_ns = (await cancel_ref).get("received_ns")
