@@ -268,9 +268,8 @@ class DeviceRun:
     async def _deliver_from_driver(self, trial_id: str, anchor_ref) -> tuple[dict, object]:
         """Wait for the trial's anchor event on the agent (``anchor_ref``: its ``agent.anchor``),
         then have the cancel timer fire at anchor + delay (converted to the driver clock). The
-        event's hop to the driver is
-        recorded (``t_anchor_seen_ns``); a due time it already passed fires at once, and
-        ``schedule_lag_ms`` says by how much. No event (the trial ended first): no cancel.
+        event's hop to the driver is recorded (``t_anchor_seen_ns``); a due time it already
+        passed fires at once, and ``schedule_lag_ms`` says by how much. No event (the trial ended first): no cancel.
         The event goes from Ray's thread straight to the timer (``CancelTimer.fire_after``);
         this coroutine only collects the stamps."""
         agent, offset = self.agent, self.offset
