@@ -143,7 +143,11 @@ def test_clock_offset_estimate_recovers_an_injected_skew(ray_cluster):
 
 
 def test_phase_plan_aims_at_every_phase(ray_cluster, tmp_path):
-    cfg = config(offsets=OffsetSpec(plan="phase", min_per_phase=4), mechanisms=("between_calls",),
+    # Aimed early in each phase (a fifth of its shortest stay): in a suite run under two busy
+    # loops the references once took 2.8 s where the cancel trials after them took 0.2 s (other
+    # work on the host while they ran), and no cancel aimed anywhere in a 0.7 s "shortest"
+    # prefill landed before the trial's 0.1 s prefill had ended.
+    cfg = config(offsets=OffsetSpec(plan="phase", min_per_phase=4, max_fraction=0.2), mechanisms=("between_calls",),
                  trials_per_cell=1, deliveries=("driver", "agent"))
     run_sweep(cfg, tmp_path / "ph", progress=False)
     df = read_records(tmp_path / "ph")
