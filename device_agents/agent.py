@@ -134,29 +134,23 @@ class DeviceAgent:
 
     @ray.method(concurrency_group=CONTROL)
     def timer_probe(self, n: int) -> list[int]:
-        """How late agent delivery's timer fires (ns), ``n`` times, on the path a trial uses
-        (AnchorWatch.start_timer): a thread waiting for the anchor is woken by another
-        thread and fires a cancel due at the anchor itself (a delay of 0, the worst case:
-        the whole wake-up is late). The driver's first estimate of agent delivery's reach,
-        before any agent-delivered cancel has run."""
+        """How late agent delivery's timer fires (ns), ``n`` times, on the path a trial uses:
+        an AnchorWatch's timer (``start_timer``) waiting for a phase anchor, woken by the
+        event on another thread, fires a cancel due at the anchor itself (a delay of 0, the
+        worst case: the whole wake-up is late). The driver's first estimate of agent
+        delivery's reach, before any agent-delivered cancel has run."""
         from cancelbench import native
 
+        probe = TrialRequest(mechanism="none", input="", trial_id="timer-probe", trial_kind="cancel",
+                             delivery="agent", offset_ms=0.0, anchor_phase="probe")
         late = []
         for _ in range(max(1, int(n))):
-            anchor, due, fired = threading.Event(), [], []
-
-            def timer() -> None:
-                anchor.wait()
-                _sleep_until(due[0])
-                fired.append(native.now_ns())
-
-            thread = threading.Thread(target=timer, name="timer-probe", daemon=True)
-            thread.start()
+            watch, fired = AnchorWatch(probe, native.now_ns()), []
+            timer = watch.start_timer(lambda due: fired.append(native.now_ns() - due), _sleep_until)
             time.sleep(0.001)  # the timer is waiting, as it is when a trial's anchor comes
-            due.append(native.now_ns())
-            anchor.set()
-            thread.join()
-            late.append(max(0, fired[0] - due[0]))
+            watch("phase", "probe", native.now_ns())
+            timer.join()
+            late.append(max(0, fired[0]))
         return late
 
     @ray.method(concurrency_group=CONTROL)

@@ -294,18 +294,26 @@ class DeviceRun:
         callback -> the cancel timer -> an agent call, timed on the agent's clock). A phase
         entered while the previous answer was on its way is skipped. Returns phase -> round
         trips (ns), also kept as reach samples."""
-        agent, taken = self.agent, {}
-        while True:
-            fired = await asyncio.wrap_future(self.sweep.timer.fire_after(
-                question.future(), lambda entry: None if entry is None else (driver_now_ns(), agent.ping.remote)))
-            if fired is None:
-                break
-            _, (phase, t_entry_ns), _, back = fired
-            question = agent.next_phase_entry.remote(trial_id)  # at once: the next entry may be near
+        taken = {}
+        while (answered := await self._through_cancel_path(question)) is not None:
+            (phase, t_entry_ns), back = answered
+            question = self.agent.next_phase_entry.remote(trial_id)  # at once: the next entry may be near
             taken.setdefault(phase, []).append(await back - t_entry_ns)
         for phase, trips in taken.items():
             self.reach_samples_ns["driver", workload, phase].extend(trips)
         return taken
+
+    async def _through_cancel_path(self, ref):
+        """Once ``ref`` (an agent call) answers, the cancel timer at once makes an agent call,
+        as it fires a driver-delivered cancel: (the answer, the ObjectRef of that call's agent
+        clock), or None if the answer was None."""
+        agent = self.agent
+        fired = await asyncio.wrap_future(self.sweep.timer.fire_after(
+            ref.future(), lambda value: None if value is None else (driver_now_ns(), agent.ping.remote)))
+        if fired is None:
+            return None
+        _, value, _, back = fired
+        return value, back
 
     async def _reach_ms(self, delivery: str, workload: str, phase: str | None) -> float:
         """How late a cancel of ``delivery`` anchored at ``phase`` of ``workload`` may arrive
@@ -317,10 +325,8 @@ class DeviceRun:
         if not samples:
             n = max(1, self.sweep.config.ping_samples)
             if delivery == "driver":
-                agent = self.agent
                 for _ in range(n):
-                    _, sent_ns, _, back = await asyncio.wrap_future(self.sweep.timer.fire_after(
-                        agent.ping.remote().future(), lambda _: (driver_now_ns(), agent.ping.remote)))
+                    sent_ns, back = await self._through_cancel_path(self.agent.ping.remote())
                     samples.append(await back - sent_ns)
             else:
                 samples.extend(await self.agent.timer_probe.remote(n))

@@ -4,9 +4,10 @@ their target phase and inside a native call (in flight). A cell of a
 phase-aiming plan under ``TARGET_SHARE`` gets a line in the report: its
 latencies describe other phases than the ones it was meant to measure.
 
-A cancel aimed at a target shorter than its delivery's round trip
-(``target_reachable`` false: a driver-delivered cancel at a 3 ms phase when
-the driver's slowest recent round trip was 5 ms) is counted apart: the shares
+A cancel whose target does not outlast its planned delay by its delivery's
+measured reach (``target_reachable`` false, e.g. a driver-delivered cancel at a
+3 ms phase when the 95th percentile of the driver's round trips from that phase
+was 5 ms) is counted apart: the shares
 are over the reachable cancels, and the unreachable ones are listed with how
 many of them landed anyway. A cell whose cancels were all unreachable says so.
 """
