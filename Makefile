@@ -25,8 +25,9 @@ endif
 
 # Debian packages the tests need: Chromium for the HTML report check, iproute2
 # (`ip`) for the multi-host tests in network namespaces; the Vulkan runtime,
-# shader compiler and lavapipe come from build_llama_wheel.sh.
-APT_PACKAGES := chromium iproute2
+# shader compiler and lavapipe come from build_llama_wheel.sh; cJSON for the C
+# protocol engine (native/sut_text_engine.c).
+APT_PACKAGES := chromium iproute2 libcjson-dev
 
 DEMO_OUT ?= results/demo-$(shell date +%Y%m%d-%H%M%S)
 
@@ -64,7 +65,13 @@ bench: setup fixtures
 	$(BIN)/python benchmarks/bench_graph_eval.py $(BENCH_ARGS)
 	$(BIN)/cancelbench report benchmarks/results/graph_eval_cpu/
 
-setup: system-deps $(VENV)/.stamp-install-$(LLAMA_VARIANT)
+SUT_ENGINE := build/sut/cancelbench-text-engine
+
+setup: system-deps $(VENV)/.stamp-install-$(LLAMA_VARIANT) $(SUT_ENGINE)
+
+# The C protocol engine, linked against the installed wheel's libllama.
+$(SUT_ENGINE): native/sut_text_engine.c native/build_sut_engine.sh $(VENV)/.stamp-install-$(LLAMA_VARIANT) | system-deps
+	PYTHON=$(BIN)/python FORCE=1 bash native/build_sut_engine.sh
 
 system-deps:
 ifeq ($(HAVE_APT)$(IS_ROOT),yesyes)

@@ -335,3 +335,9 @@ def sim_expected_check(start_ns: int, set_ns: int, granularity_us: int) -> int:
     check woke late (after the set), at that one; never at a later one."""
     step = max(1, int(granularity_us)) * 1000
     return max(1, -(-(set_ns - start_ns) // step))
+
+
+def sut_text_engine_path() -> Path:
+    """The C protocol engine (native/sut_text_engine.c) built by native/build_sut_engine.sh
+    (``make setup``): <repository root>/build/sut/cancelbench-text-engine."""
+    return _HERE.parent / "build" / "sut" / "cancelbench-text-engine"

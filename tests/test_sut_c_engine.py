@@ -1,0 +1,316 @@
+"""The C protocol engine (native/sut_text_engine.c), written from docs/sut-protocol.md
+alone: built by ``make setup`` (native/build_sut_engine.sh), then driven through a
+whole conversation over its stdin/stdout on the small real text fixture model.
+
+:func:`c_engine_command` is the argv that starts it (for sut-check and sweep tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cancelbench.native import sut_text_engine_path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = ROOT / "native" / "build_sut_engine.sh"
+SCHEMA_PATH = ROOT / "cancelbench" / "sut" / "schema.json"
+
+# Small and fast: 64 prompt tokens in 8 prefill steps of 8, then 8 generate steps.
+SETTINGS = {"n_threads": 2, "n_ctx": 256, "n_batch": 8, "prompt_tokens": 64, "max_tokens": 8}
+PREFILL_STEPS = 8
+GENERATE_STEPS = 8
+INPUT = "The quick brown fox jumps over the lazy dog."
+HANG_GUARD_S = 120  # only against a hung engine; nothing here is a timing assertion
+
+
+def c_engine_command(model_path: str | os.PathLike | None = None) -> list[str]:
+    """The argv that starts the C engine. The model is not an argument: the protocol's
+    ``load`` message carries it (``models = {"model": model_path}``)."""
+    return [str(sut_text_engine_path())]
+
+
+def _engine_binary() -> Path:
+    """The built engine; build it once if it is missing (``make setup`` normally has)."""
+    path = sut_text_engine_path()
+    if not path.exists():
+        result = subprocess.run(["bash", str(BUILD_SCRIPT)], cwd=ROOT, capture_output=True, text=True)
+        if result.returncode != 0 or not path.exists():
+            pytest.skip(f"the C engine could not be built here (native/build_sut_engine.sh: "
+                        f"{(result.stderr or result.stdout).strip()[-400:]})")
+    return path
+
+
+def _validator():
+    try:
+        import jsonschema
+    except ImportError:  # optional: the structural asserts below still run
+        return None
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+
+
+class Engine:
+    """The engine process with a thread that turns its stdout into parsed messages."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(c_engine_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.lines: queue.Queue = queue.Queue()
+        self.validator = _validator()
+        self.stderr = b""
+        threading.Thread(target=self._pump, daemon=True).start()
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+
+    def _pump(self) -> None:
+        for raw in self.proc.stdout:
+            self.lines.put((time.monotonic_ns(), raw))
+        self.lines.put((time.monotonic_ns(), None))
+
+    def _drain_stderr(self) -> None:
+        self.stderr = self.proc.stderr.read()
+
+    def send(self, message: dict | str) -> int:
+        line = message if isinstance(message, str) else json.dumps(message)
+        t = time.monotonic_ns()
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+        return t
+
+    def recv(self) -> tuple[int, dict]:
+        """(receipt time, message): every stdout line must be one schema-valid JSON object."""
+        try:
+            t, raw = self.lines.get(timeout=HANG_GUARD_S)
+        except queue.Empty:
+            pytest.fail(f"the engine said nothing for {HANG_GUARD_S} s; stderr: {self.stderr[-2000:]!r}")
+        assert raw is not None, f"the engine closed stdout; stderr: {self.stderr[-2000:]!r}"
+        assert raw.endswith(b"\n")
+        message = json.loads(raw)
+        assert isinstance(message, dict)
+        if self.validator is not None:
+            errors = [e.message for e in self.validator.iter_errors(message)]
+            assert not errors, (message, errors)
+        return t, message
+
+    def ping(self, ident: int) -> tuple[int, dict, int]:
+        sent = self.send({"type": "ping", "id": ident, "t": time.monotonic_ns()})
+        received, pong = self.recv()
+        return sent, pong, received
+
+    def run(self, trial: str, mechanism: str, *, cancel_at_step: int | None = None,
+            settings: dict | None = None) -> tuple[int, list[dict], int | None]:
+        """Send a run; with cancel_at_step=k, send its cancel when the k-th step start arrives.
+        Returns (time run was sent, the events up to and including done, time the cancel was sent)."""
+        sent = self.send({"type": "run", "trial": trial, "mechanism": mechanism, "input": INPUT,
+                          "settings": settings or SETTINGS, "output_path": None})
+        events, starts, cancel_sent = [], 0, None
+        while True:
+            received, message = self.recv()
+            events.append(message)
+            assert message.get("trial") == trial, message
+            # every event lies between the run's sending and its receipt, on our clock
+            assert sent <= message["t"] <= received, message
+            if message["type"] == "step" and message["edge"] == "start":
+                starts += 1
+                if starts == cancel_at_step:
+                    cancel_sent = self.send({"type": "cancel", "trial": trial})
+            if message["type"] == "done":
+                return sent, events, cancel_sent
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+
+@pytest.fixture
+def engine():
+    _engine_binary()
+    eng = Engine()
+    yield eng
+    eng.close()
+
+
+def _check_run_shape(events: list[dict]) -> dict[str, int]:
+    """Phases in declared order, steps alternating start/end inside a phase, event times not
+    going backwards, one done last. Returns the step count of each phase."""
+    assert events[0]["type"] == "phase" and events[0]["phase"] == "prefill", events[0]
+    assert [e["type"] for e in events].count("done") == 1 and events[-1]["type"] == "done"
+    phases = [e["phase"] for e in events if e["type"] == "phase"]
+    assert phases in (["prefill"], ["prefill", "generate"]), phases
+    steps: dict[str, int] = {}
+    current, open_step, last_t = None, False, 0
+    for e in events[:-1]:
+        assert e["t"] >= last_t, ("timestamps went backwards", e)
+        last_t = e["t"]
+        if e["type"] == "phase":
+            assert not open_step, "phase changed inside a step"
+            current = e["phase"]
+        elif e["type"] == "step":
+            assert e["phase"] == current
+            assert e["edge"] == ("end" if open_step else "start"), e
+            open_step = not open_step
+            steps[current] = steps.get(current, 0) + open_step
+        else:
+            assert e["type"] == "cancel_seen", e
+    assert not open_step, "a step started and never ended"
+    assert events[-1]["t"] >= last_t
+    return steps
+
+
+def test_build_exists():
+    path = _engine_binary()
+    assert os.access(path, os.X_OK)
+    assert path == ROOT / "build" / "sut" / "cancelbench-text-engine"
+
+
+def test_conversation_on_the_real_fixture_model(engine, small_text_model):
+    # --- hello: the declaration
+    _, hello = engine.recv()
+    assert hello["type"] == "hello" and hello["protocol"] == 1
+    assert hello["engine"]["name"] == "c-text" and hello["engine"]["version"]
+    assert hello["clock"] == "CLOCK_MONOTONIC" and hello["input"] == "text"
+    assert hello["phases"] == [{"name": "prefill", "steps": True}, {"name": "generate", "steps": True}]
+    assert {m["name"] for m in hello["mechanisms"]} == {"between_calls", "abort_callback"}
+    declared = {s["name"]: s for s in hello["settings"]}
+    assert {k: declared[k]["default"] for k in SETTINGS} == {
+        "n_threads": 2, "n_ctx": 512, "n_batch": 64, "prompt_tokens": 64, "max_tokens": 8}
+    assert all(declared[k]["type"] == "int" for k in SETTINGS)
+    assert (declared["n_threads"]["min"], declared["n_threads"]["max"]) == (1, 512)
+    assert "CPU" in hello["build"]["ggml_backends"] and hello["build"]["compiler"]
+
+    # --- pings: answered with the id and a time on our clock
+    for ident in range(4):
+        sent, pong, received = engine.ping(ident)
+        assert pong == {"type": "pong", "id": ident, "t": pong["t"]}
+        assert sent <= pong["t"] <= received
+
+    # --- load
+    engine.send({"type": "load", "models": {"model": small_text_model}, "settings": SETTINGS})
+    _, loaded = engine.recv()
+    assert loaded["type"] == "loaded", loaded
+    assert loaded["settings"]["n_batch"] == SETTINGS["n_batch"]
+    assert loaded["settings"]["n_ctx"] >= SETTINGS["prompt_tokens"] + SETTINGS["max_tokens"]
+
+    # --- a reference run to completion (the abort reader registered, never firing)
+    _, events, _ = engine.run("ref-1", "abort_callback")
+    done = events[-1]
+    assert done["outcome"] == "completed", done
+    assert _check_run_shape(events) == {"prefill": PREFILL_STEPS, "generate": GENERATE_STEPS}
+    assert done["phase"] == "generate"
+    assert re.fullmatch(r"[0-9a-f]{64}", done["output_sha256"])
+    assert "cancel_received_t" not in done and "cancel_seen" not in [e["type"] for e in events]
+    counters = done["counters"]
+    assert counters["tokens_generated"] == SETTINGS["max_tokens"]
+    assert counters["n_input_tokens"] == SETTINGS["prompt_tokens"]
+    assert counters["decode_rc"] == 0
+    assert counters["abort_polls"] > 0  # the reader is registered and polled inside llama_decode
+    reference_digest = done["output_sha256"]
+
+    # --- the same work under between_calls: same greedy output (the KV cache is cleared
+    # between runs), and no abort reader in the graph
+    _, events, _ = engine.run("ref-2", "between_calls")
+    done = events[-1]
+    assert done["outcome"] == "completed" and done["output_sha256"] == reference_digest
+    assert done["counters"]["abort_polls"] == 0
+
+    # --- abort_callback, cancelled at the first prefill step: the reader stops llama_decode
+    _, events, cancel_sent = engine.run("abort-1", "abort_callback", cancel_at_step=1)
+    done = events[-1]
+    assert cancel_sent is not None
+    assert done["outcome"] == "cancelled", done
+    _check_run_shape(events)
+    assert done["counters"]["decode_rc"] == 2  # llama_decode's "aborted"
+    assert done["counters"]["tokens_generated"] < SETTINGS["max_tokens"]
+    assert "output_sha256" not in done
+    seen = [e for e in events if e["type"] == "cancel_seen"]
+    assert len(seen) == 1
+    # the cancel was read after we sent it; the reader saw it after that; the aborted call
+    # returned after that; the terminal state came last
+    assert cancel_sent <= done["cancel_received_t"] <= seen[0]["t"] <= done["native_returned_t"] <= done["t"]
+
+    # --- between_calls, cancelled at the first prefill step: stops before the next decode
+    _, events, cancel_sent = engine.run("between-1", "between_calls", cancel_at_step=1)
+    done = events[-1]
+    assert done["outcome"] == "cancelled", done
+    steps = _check_run_shape(events)
+    assert sum(steps.values()) < PREFILL_STEPS + GENERATE_STEPS
+    assert done["counters"]["decode_rc"] == 0 and done["counters"]["abort_polls"] == 0
+    assert "cancel_seen" not in [e["type"] for e in events]  # no native reader here
+    assert cancel_sent <= done["cancel_received_t"] <= done["t"]
+
+    # --- a cancel before its run is latched: the run ends cancelled without its work
+    before = engine.send({"type": "cancel", "trial": "latched-1"})
+    _, events, _ = engine.run("latched-1", "abort_callback")
+    done = events[-1]
+    assert done["outcome"] == "cancelled", done
+    assert [e["type"] for e in events if e["type"] == "step"] == []
+    assert done["counters"]["decode_calls"] == 0 and done["counters"]["tokens_generated"] == 0
+    assert before <= done["cancel_received_t"] <= done["t"]
+
+    # --- a cancel after its run's done is ignored: no answer, the next run completes
+    engine.send({"type": "cancel", "trial": "ref-1"})
+    engine.send({"type": "cancel", "trial": "latched-1"})
+    _, pong, _ = engine.ping(100)
+    assert pong["type"] == "pong" and pong["id"] == 100  # nothing was said before the pong
+    _, events, _ = engine.run("ref-3", "abort_callback")
+    assert events[-1]["outcome"] == "completed" and events[-1]["output_sha256"] == reference_digest
+
+    # --- a mechanism it did not declare: the trial ends in error, with one done
+    _, events, _ = engine.run("bad-mech", "telepathy")
+    assert events[-1]["outcome"] == "error" and "telepathy" in events[-1]["error"]
+
+    # --- malformed input: answered with error, and the engine carries on
+    engine.send("this is not json {")
+    _, err = engine.recv()
+    assert err["type"] == "error" and err["of"] is None and err["message"]
+    engine.send({"type": "frobnicate"})
+    _, err = engine.recv()
+    assert err == {"type": "error", "of": "frobnicate", "message": err["message"]}
+    engine.send({"type": "run", "mechanism": "between_calls", "input": "x"})  # no trial
+    _, err = engine.recv()
+    assert err["type"] == "error" and err["of"] == "run"
+    engine.send({"type": "ping", "id": "seven", "t": 1})  # id of the wrong type
+    _, err = engine.recv()
+    assert err["type"] == "error" and err["of"] == "ping"
+    _, pong, _ = engine.ping(101)
+    assert pong["id"] == 101
+
+    # --- shutdown: exit status 0
+    engine.send({"type": "shutdown"})
+    assert engine.proc.wait(timeout=HANG_GUARD_S) == 0
+
+
+def test_failed_load_and_run_before_load_then_eof(engine, small_text_model, tmp_path):
+    _, hello = engine.recv()
+    assert hello["type"] == "hello"
+    # a run before any load ends in error, with a done
+    _, events, _ = engine.run("early", "between_calls")
+    assert events[-1]["outcome"] == "error" and events[-1]["error"]
+    # a missing model, a value out of bounds, a wrong type, a prompt that cannot fit: error of load
+    for models, settings in (
+            ({"model": str(tmp_path / "missing.gguf")}, SETTINGS),
+            ({"model": small_text_model}, {**SETTINGS, "n_threads": 0}),
+            ({"model": small_text_model}, {**SETTINGS, "n_batch": "eight"}),
+            ({"model": small_text_model}, {**SETTINGS, "prompt_tokens": 250, "max_tokens": 10})):
+        engine.send({"type": "load", "models": models, "settings": settings})
+        _, err = engine.recv()
+        assert err["type"] == "error" and err["of"] == "load", (settings, err)
+    # then a good load works
+    engine.send({"type": "load", "models": {"model": small_text_model}, "settings": SETTINGS})
+    _, loaded = engine.recv()
+    assert loaded["type"] == "loaded"
+    # end of input (the agent died): exit 0
+    engine.proc.stdin.close()
+    assert engine.proc.wait(timeout=HANG_GUARD_S) == 0
