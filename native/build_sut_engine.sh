@@ -10,7 +10,8 @@
 #
 # Headers: the wheel ships no llama.h, so llama.h and ggml's headers are taken
 # from the llama-cpp-python sdist (build/sdist/llama_cpp_python-<version>.tar.gz,
-# the one the wheel was built from) into build/sut/include/<version>/.
+# the one the wheel was built from; downloaded with pip if missing) into
+# build/sut/include/<version>/.
 # Needs cJSON (Debian: libcjson-dev). Idempotent.
 set -euo pipefail
 
@@ -46,7 +47,13 @@ if [[ -z "$INC_DIR" ]]; then
   SDIST="$ROOT/build/sdist/llama_cpp_python-$LLAMA_VERSION.tar.gz"
   INC_DIR="$OUT_DIR/include/$LLAMA_VERSION"
   if [[ ! -f "$INC_DIR/llama.h" || ! -f "$INC_DIR/ggml-backend.h" ]]; then
-    [[ -f "$SDIST" ]] || die "the wheel has no llama.h and there is no sdist at $SDIST (native/build_llama_wheel.sh downloads it)"
+    if [[ ! -f "$SDIST" ]]; then  # a cached wheel without its sdist: fetch it as build_llama_wheel.sh does
+      echo "build_sut_engine: no sdist at $SDIST; downloading llama-cpp-python==$LLAMA_VERSION" >&2
+      mkdir -p "$(dirname "$SDIST")"
+      "$PYTHON" -m pip download -q --no-deps --no-binary :all: -d "$(dirname "$SDIST")" \
+        "llama-cpp-python==$LLAMA_VERSION" || die "the wheel has no llama.h and the sdist could not be downloaded"
+      [[ -f "$SDIST" ]] || die "pip download did not produce $SDIST"
+    fi
     rm -rf "$INC_DIR.tmp" && mkdir -p "$INC_DIR.tmp"
     tar -xzf "$SDIST" -C "$INC_DIR.tmp" --strip-components=4 --wildcards '*/vendor/llama.cpp/include/llama.h'
     tar -xzf "$SDIST" -C "$INC_DIR.tmp" --strip-components=5 --wildcards '*/vendor/llama.cpp/ggml/include/*.h'
