@@ -1,0 +1,171 @@
+"""cancelbench's own engines, out of process: ``python -m cancelbench.sut.builtin ENGINE``.
+
+ENGINE is one of the built-in engines (``text``, ``tts``, ``stt``, ``probe``, ``sim``);
+the process speaks the engine protocol (docs/sut-protocol.md) through
+:mod:`cancelbench.sut.server`, so a sweep can run a built-in engine as an
+``external`` workload and ``cancelbench sut-check`` has known-good engines to check.
+
+* ``hello``: the engine's declaration (``ENGINES[name].declaration``; engine name
+  ``cancelbench-<name>``).
+* ``load``: builds the engine as the in-process agent does, from the settings (a
+  ``None`` value: the engine's own default) plus the model paths (``models.model``,
+  ``models.mmproj``; the agent has verified them). ``n_gpu_layers`` left to the
+  engine is 0 (this process does not know its device). ``loaded.settings`` holds the
+  effective values of declared settings the engine reports (``describe()``).
+* ``run``: a :class:`CancelControl` on a native :class:`CancelToken` and a
+  :class:`Progress` whose listener turns the engine's phase and step-call events into
+  protocol events (``native.now_ns``: CLOCK_MONOTONIC, the pongs' clock). A cancel read
+  for the trial is ``ctl.request(t_read)`` (a latched one before ``engine.run``); one
+  read after the engine's terminal decision (``ctl.close``) is refused, so ``done``
+  never carries a cancel the engine had no chance to see.
+* ``done``: from the :class:`EngineResult`: outcome, ``t_terminal_ns``,
+  ``phase_at_terminal``, ``output_sha256``, ``native_returned_t``
+  (``ctl.native_returned_ns``), a ``cancel_seen`` event from ``token.seen_ns``, and
+  counters ``decode_rc``, ``abort_polls``, ``n_input_tokens``, ``tokens_generated``,
+  ``frames_generated`` and, for the known-answer engines (sim, probe),
+  ``known_answer_error_ns``.
+
+Input: ``run.input`` is the prompt text (text, tts), the WAV path (stt), ignored
+(sim, probe).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from cancelbench.request import TrialRequest
+
+from .declaration import Declaration, MechanismInfo, Phase
+from .server import Result, Trial, main as serve_main
+
+
+def declaration_of(name: str) -> Declaration:
+    """The built-in engine's declaration as its hello (name ``cancelbench-<name>``)."""
+    import dataclasses
+
+    from cancelbench.device_agents.engines.registry import MECHANISMS, engine_spec
+
+    spec = engine_spec(name)
+    decl = getattr(spec, "declaration", None)
+    if decl is None:  # a registry without declarations: phases and mechanisms only
+        steps = set(getattr(spec, "step_phases", None) or spec.phases)
+        decl = Declaration(name=name, version="0", phases=tuple(Phase(p, p in steps) for p in spec.phases),
+                           mechanisms=tuple(MechanismInfo(m, MECHANISMS[m].reaches or m) for m in spec.mechanisms),
+                           settings=(), input={"stt": "audio_path", "sim": "none", "probe": "none"}.get(name, "text"))
+    if not decl.name.startswith("cancelbench-"):
+        decl = dataclasses.replace(decl, name=f"cancelbench-{name}")
+    if decl.version in ("", "0"):
+        import cancelbench
+        decl = dataclasses.replace(decl, version=cancelbench.__version__)
+    return decl
+
+
+class BuiltinEngine:
+    """A built-in engine behind the protocol server (see the module docstring)."""
+
+    def __init__(self, name: str, declaration: Declaration | None = None) -> None:
+        from cancelbench.device_agents.engines.registry import engine_spec
+
+        self.name = name
+        self.spec = engine_spec(name)
+        self.declaration = declaration or declaration_of(name)
+        self.engine = None
+        self.token = None
+
+    # -- load --------------------------------------------------------------
+    def workload(self, models: dict, settings: dict) -> dict:
+        """The dict the in-process engine is built from: settings (None: the engine's
+        default) plus the model paths."""
+        wl = {k: v for k, v in settings.items() if v is not None}
+        wl.setdefault("n_gpu_layers", 0)
+        wl.update({k: v for k, v in models.items() if k in ("model", "mmproj")})
+        wl["engine"] = self.name
+        return wl
+
+    def load(self, models: dict, settings: dict) -> dict | None:
+        from cancelbench import native
+
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        if self.spec.needs_model and not models.get("model"):
+            raise ValueError(f"the {self.name} engine needs a model (load.models.model)")
+        # checked as the agent checks them (a value out of bounds is a load error, not a default)
+        settings = self.declaration.resolve({k: v for k, v in settings.items() if v is not None}, "load.settings")
+        self.engine = self.spec.make(self.workload(models, settings))
+        if self.token is None:
+            self.token = native.CancelToken()
+        described = self.engine.describe()
+        declared = {s.name for s in self.declaration.settings}
+        return {k: v for k, v in described.items()
+                if k in declared and isinstance(v, (bool, int, float, str))} or None
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    # -- run ---------------------------------------------------------------
+    def _listener(self, trial: Trial, token):
+        phases = set(self.declaration.phase_names)
+        step_phases = set(self.declaration.step_phases)
+        in_step = [False]
+
+        def listener(event: str, phase: str, t_ns: int) -> None:
+            if event == "phase":
+                if phase in phases:  # not PhaseClock's closing "done"
+                    trial.phase(phase, t_ns)
+                    in_step[0] = False  # a phase change ends a step in flight
+            elif event == "step":
+                # a step call in a phase declared without steps (tts output) is no step event
+                if trial.current_phase == phase and phase in step_phases and not in_step[0]:
+                    trial.step_start(t_ns)
+                    in_step[0] = True
+            elif event == "step_end" and in_step[0]:
+                in_step[0] = False
+                if token.seen_ns:  # the reader saw the cancel inside this call: before its end, in time order
+                    trial.cancel_seen(token.seen_ns)
+                trial.step_end(t_ns)
+        return listener
+
+    def arm(self, trial: Trial, ctl) -> None:
+        """Route the trial's cancels to the engine: a latched one at once."""
+        trial.on_cancel = ctl.request
+
+    def run(self, trial: Trial) -> Result:
+        from cancelbench.device_agents.engines.base import CancelControl, Progress
+
+        if self.engine is None:
+            raise RuntimeError("run before a successful load")
+        token = self.token
+        token.reset()
+        progress = Progress(step_calls=self.spec.step_calls, listener=self._listener(trial, token))
+        ctl = CancelControl(token, progress)
+        self.arm(trial, ctl)
+        request = TrialRequest(mechanism=trial.mechanism, input=trial.input, trial_id=trial.id,
+                               wav_out=trial.output_path)
+        res = self.engine.run(request, ctl)
+        if token.seen_ns:
+            trial.cancel_seen(token.seen_ns)
+        counters = {"decode_rc": res.decode_rc, "abort_polls": token.polls, "n_input_tokens": res.n_input_tokens,
+                    "tokens_generated": progress.tokens_generated, "frames_generated": progress.frames_generated}
+        if isinstance(res.output, dict) and res.output.get("known_answer_error_ms") is not None:
+            counters["known_answer_error_ns"] = round(res.output["known_answer_error_ms"] * 1e6)
+        phase = res.phase_at_terminal if res.phase_at_terminal in self.declaration.phase_names else None
+        return Result(res.outcome, t_terminal_ns=res.t_terminal_ns, phase=phase, output_sha256=res.output_sha256,
+                      counters=counters, native_returned_ns=ctl.native_returned_ns)
+
+
+ENGINE_NAMES = ("text", "tts", "stt", "probe", "sim")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] not in ENGINE_NAMES:
+        print(f"usage: python -m cancelbench.sut.builtin {{{','.join(ENGINE_NAMES)}}}", file=sys.stderr)
+        sys.exit(2)
+    serve_main(BuiltinEngine(argv[0]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,521 @@
+"""The engine's side of the protocol (docs/sut-protocol.md), for engines written in Python.
+
+Declare the engine, implement ``load`` and ``run``, call :func:`main` (or
+:func:`serve`)::
+
+    from cancelbench.sut.declaration import Declaration, MechanismInfo, Phase, Setting
+    from cancelbench.sut.server import Result, main
+
+    class Echo:
+        declaration = Declaration(
+            name="echo", version="1.0", input="text",
+            phases=(Phase("think", steps=True),),
+            mechanisms=(MechanismInfo("flag", "a flag checked between steps"),),
+            settings=(Setting("steps", "int", 10, min=1),))
+
+        def load(self, models: dict, settings: dict) -> dict | None:
+            self.steps = settings["steps"]      # every declared setting is there
+            return None                          # or {name: effective value} it chose itself
+
+        def run(self, trial: Trial) -> Result:
+            trial.phase("think")
+            for _ in range(self.steps):
+                if trial.cancelled:              # read on the stdin thread; latched ones too
+                    return Result("cancelled")
+                with trial.step():               # step start/end events
+                    trial.sleep(0.01)            # real work; returns early on a cancel
+            return Result("completed", output_sha256=...)
+
+    if __name__ == "__main__":
+        main(Echo())
+
+The API:
+
+* ``serve(engine, *, stdin=None, stdout=None, eof_grace_s=4.0) -> int``: speaks the
+  protocol until ``shutdown`` or end of stdin; returns the exit status (0). Without
+  ``stdin``/``stdout`` it uses file descriptors 0 and 1, and points fd 1 (and
+  ``sys.stdout``) at stderr so a stray ``print`` or a native library's log cannot
+  corrupt the protocol. ``main(engine)`` is ``serve`` then ``os._exit`` with its status
+  (no interpreter teardown racing the stdin thread).
+* ``engine.declaration``: a :class:`~cancelbench.sut.declaration.Declaration`, sent as
+  ``hello``.
+* ``engine.load(models, settings) -> dict | None``: ``loaded`` (with the returned
+  effective settings); an exception answers ``error`` of ``load`` (one line).
+* ``engine.run(trial) -> Result``: one trial at a time, on the main thread. The server
+  sends ``done`` from the result, with ``cancel_received_t`` whenever a cancel for the
+  trial was read before the trial's terminal decision; an exception is a ``done`` with
+  outcome ``error`` and the exception as one line.
+* ``engine.close()`` (optional): called once before :func:`serve` returns.
+
+What the server does on its stdin thread, at once, even during a run: answers ``ping``
+with ``pong`` (``t``: when the ping was read); stamps every ``cancel`` when read and
+forwards one for the running trial to it (:attr:`Trial.cancelled`,
+:attr:`Trial.on_cancel`), latches one for a trial not run yet (the last 1024 ids; the
+run then starts already cancelled) and ignores one for a finished trial; answers a line
+that is not JSON, too long, malformed or of an unknown type with ``error`` and carries
+on. At end of stdin during a run, it cancels the run; the server returns after it (and
+the process exits anyway ``eof_grace_s`` later if the run does not end: nobody is
+listening).
+
+Timestamps are ``time.monotonic_ns()`` (Linux ``CLOCK_MONOTONIC``, what
+``cancelbench.native.now_ns`` reads too), the clock the hello declares and the pongs
+use. Every event method takes an optional ``t`` for a time taken elsewhere (by native
+code) on that clock.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Protocol
+
+from .declaration import Declaration
+from .protocol import AGENT_TYPES, MAX_LINE_BYTES, ProtocolError, encode, validate
+from .protocol import decode as decode_line
+
+now_ns = time.monotonic_ns
+LATCHED_MAX = 1024  # cancels kept for trials not run yet
+FINISHED_MAX = 4096  # trial ids whose late cancels are ignored
+ERROR_MAX = 2000
+_EOF = object()
+
+
+class Engine(Protocol):
+    declaration: Declaration
+
+    def load(self, models: dict, settings: dict) -> dict | None: ...
+
+    def run(self, trial: Trial) -> Result: ...
+
+
+@dataclass
+class Result:
+    """What ``engine.run`` returns: the trial's terminal state (the ``done`` message).
+
+    ``t_terminal_ns`` defaults to when the trial's terminal decision was taken
+    (:meth:`Trial.terminal`, called by the server when run returns if the engine did
+    not); ``phase`` to the last phase entered. ``counters`` are name -> int (None
+    values are left out)."""
+
+    outcome: str  # completed | cancelled | error
+    t_terminal_ns: int | None = None
+    phase: str | None = None
+    output_sha256: str | None = None
+    error: str | None = None
+    counters: dict[str, int | None] = field(default_factory=dict)
+    native_returned_ns: int | None = None
+
+
+def one_line(text: str, limit: int = ERROR_MAX) -> str:
+    return " ".join(str(text).split())[:limit] or "(no message)"
+
+
+class Trial:
+    """One run: its request, its event methods and its cancel state.
+
+    Thread-safety: the cancel side (:meth:`_deliver`) runs on the stdin thread, the
+    rest on the engine's thread. ``on_cancel`` is called under the trial's lock, on
+    the stdin thread, when the first cancel for this trial is read (or at once, on the
+    setting thread, when it is set on a trial that already has one: a latched cancel).
+    If it returns ``False`` the cancel is refused as after the terminal state (e.g.
+    ``CancelControl.request`` after ``close``) and not recorded."""
+
+    def __init__(self, server: Server, msg: dict, t_read: int) -> None:
+        self._server = server
+        self.id: str = msg["trial"]
+        self.input: str = msg["input"]
+        self.mechanism: str = msg["mechanism"]
+        self.settings: dict = dict(msg.get("settings") or {})
+        self.output_path: str | None = msg.get("output_path")
+        self.run_received_ns = t_read
+        self._decl = server.declaration
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._on_cancel: Callable[[int], object] | None = None
+        self._closed = False
+        self._t_terminal: int | None = None
+        self.cancel_received_ns: int | None = None
+        self.current_phase: str | None = None
+        self._in_step = False
+        self._seen_sent = False
+
+    # -- cancel side -------------------------------------------------------
+    @property
+    def cancelled(self) -> bool:
+        """A cancel for this trial was read (latched before the run or during it)."""
+        return self._event.is_set()
+
+    @property
+    def on_cancel(self) -> Callable[[int], object] | None:
+        return self._on_cancel
+
+    @on_cancel.setter
+    def on_cancel(self, hook: Callable[[int], object] | None) -> None:
+        with self._lock:
+            self._on_cancel = hook
+            if hook is not None and self.cancel_received_ns is not None and not self._closed:
+                hook(self.cancel_received_ns)
+
+    def _deliver(self, t_read: int) -> bool:
+        """A cancel read at ``t_read`` (stdin thread). True if recorded."""
+        with self._lock:
+            if self._closed or self.cancel_received_ns is not None:
+                return False
+            hook = self._on_cancel
+            if hook is not None and hook(t_read) is False:
+                return False
+            self.cancel_received_ns = t_read
+            self._event.set()
+            return True
+
+    def wait_cancel(self, timeout: float | None = None) -> bool:
+        """Block until a cancel is read (True) or ``timeout`` s pass (False)."""
+        return self._event.wait(timeout)
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep ``seconds``, returning early (True) if a cancel is read."""
+        return self._event.wait(max(0.0, seconds))
+
+    def terminal(self) -> tuple[bool, int]:
+        """The trial's terminal decision, atomic with cancel delivery: (a cancel was
+        read before it, its time). Cancels read after it are ignored as late."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._t_terminal = now_ns()
+            return self.cancel_received_ns is not None, self._t_terminal
+
+    # -- events ------------------------------------------------------------
+    def phase(self, name: str, t: int | None = None) -> None:
+        """Entered phase ``name`` (a declared one). Entering the current phase again
+        is no event; a step in flight is ended first."""
+        if name not in self._decl.phase_names:
+            raise ValueError(f"phase {name!r} is not declared (declared: {', '.join(self._decl.phase_names)})")
+        if name == self.current_phase:
+            return
+        t = now_ns() if t is None else t
+        if self._in_step:
+            self.step_end(t)
+        self.current_phase = name
+        self._server.send({"type": "phase", "trial": self.id, "phase": name, "t": t})
+
+    def step_start(self, t: int | None = None) -> None:
+        if self.current_phase is None or self.current_phase not in self._decl.step_phases:
+            raise ValueError(f"a step in phase {self.current_phase!r}, which is not declared with steps")
+        if self._in_step:
+            raise ValueError("step_start with a step already started")
+        self._in_step = True
+        self._server.send({"type": "step", "trial": self.id, "phase": self.current_phase, "edge": "start",
+                           "t": now_ns() if t is None else t})
+
+    def step_end(self, t: int | None = None) -> None:
+        if not self._in_step:
+            raise ValueError("step_end without a step started")
+        self._in_step = False
+        self._server.send({"type": "step", "trial": self.id, "phase": self.current_phase, "edge": "end",
+                           "t": now_ns() if t is None else t})
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """One step call: start before, end after (also when it raises)."""
+        self.step_start()
+        try:
+            yield
+        finally:
+            if self._in_step:
+                self.step_end()
+
+    def cancel_seen(self, t: int | None = None) -> None:
+        """The native layer observed the cancel at ``t`` (sent at most once)."""
+        if self._seen_sent:
+            return
+        self._seen_sent = True
+        self._server.send({"type": "cancel_seen", "trial": self.id, "t": now_ns() if t is None else t})
+
+    # -- the end -----------------------------------------------------------
+    def _done(self, result: Result) -> dict:
+        _, t_decided = self.terminal()
+        if self._in_step:
+            self.step_end()
+        phase = result.phase or self.current_phase or self._decl.phase_names[0]
+        msg = {"type": "done", "trial": self.id, "outcome": result.outcome,
+               "t": t_decided if result.t_terminal_ns is None else int(result.t_terminal_ns), "phase": phase}
+        if self.cancel_received_ns is not None:
+            msg["cancel_received_t"] = self.cancel_received_ns
+        if result.native_returned_ns is not None:
+            msg["native_returned_t"] = int(result.native_returned_ns)
+        if result.output_sha256 is not None:
+            msg["output_sha256"] = result.output_sha256
+        if result.outcome == "error" or result.error is not None:
+            msg["error"] = one_line(result.error or "the engine failed without saying why")
+        counters = {k: int(v) for k, v in (result.counters or {}).items() if v is not None}
+        if counters:
+            msg["counters"] = counters
+        return msg
+
+
+class _Lines:
+    """Newline framing over ``read(n) -> bytes`` with the 1 MiB limit: yields
+    ``(line, t_read)``; an over-long line is discarded and yields ``(None, t)``."""
+
+    def __init__(self, read: Callable[[int], bytes]) -> None:
+        self._read = read
+        self._buf = bytearray()
+        self._eof = False
+
+    def next(self) -> tuple[bytes | None, int] | None:
+        discarding = False
+        while True:
+            i = self._buf.find(b"\n")
+            if i >= 0:
+                line = bytes(self._buf[:i + 1])
+                del self._buf[:i + 1]
+                if discarding or len(line) > MAX_LINE_BYTES:
+                    return None, now_ns()
+                return line, now_ns()
+            if len(self._buf) > MAX_LINE_BYTES:
+                self._buf.clear()
+                discarding = True
+            if self._eof:
+                if discarding:
+                    return None, now_ns()
+                if self._buf:
+                    line = bytes(self._buf)
+                    self._buf.clear()
+                    return line, now_ns()
+                return None
+            try:
+                chunk = self._read(1 << 16)
+            except (OSError, ValueError):
+                chunk = b""
+            if not chunk:
+                self._eof = True
+            else:
+                self._buf += chunk
+
+
+class Server:
+    """The protocol state of one engine process (see :func:`serve`)."""
+
+    def __init__(self, engine: Engine, read: Callable[[int], bytes], write: Callable[[bytes], None],
+                 eof_grace_s: float | None = 4.0) -> None:
+        self.engine = engine
+        self.declaration: Declaration = engine.declaration
+        self._read = read
+        self._write = write
+        self.eof_grace_s = eof_grace_s
+        self.stdout_lock = threading.Lock()  # every line to stdout is written under it
+        self._out_closed = False
+        self._state = threading.Lock()  # current trial, latched and finished ids
+        self._current: Trial | None = None
+        self._latched: OrderedDict[str, int] = OrderedDict()
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._queue: queue.Queue = queue.Queue()
+        self._eof = threading.Event()
+        self._run_over = threading.Event()
+        self._run_over.set()
+
+    # -- output ------------------------------------------------------------
+    def write_line(self, line: bytes) -> bool:
+        """Write one raw line (already framed) under the stdout lock, flushed. False once
+        stdout is gone (the agent closed it): nothing more is written."""
+        with self.stdout_lock:
+            if self._out_closed:
+                return False
+            try:
+                self._write(line)
+                return True
+            except (OSError, ValueError):
+                self._out_closed = True
+                return False
+
+    def send(self, msg: dict) -> bool:
+        return self.write_line(encode(msg))
+
+    def error(self, of: str | None, message: str) -> None:
+        self.send({"type": "error", "of": of, "message": one_line(message)})
+
+    # -- the stdin thread --------------------------------------------------
+    def _reader(self) -> None:
+        lines = _Lines(self._read)
+        while True:
+            item = lines.next()
+            if item is None:
+                break
+            line, t = item
+            if line is None:
+                self.error(None, f"a line of over {MAX_LINE_BYTES} bytes (the limit is 1 MiB)")
+                continue
+            if not line.strip():
+                continue
+            try:
+                msg = decode_line(line, AGENT_TYPES)
+            except ProtocolError as exc:
+                self.error(_type_of(line), str(exc))
+                continue
+            kind = msg["type"]
+            if kind == "ping":
+                self.send({"type": "pong", "id": msg["id"], "t": t})
+            elif kind == "cancel":
+                self._cancel(msg["trial"], t)
+            else:
+                self._queue.put((msg, t))
+        self._on_eof()
+
+    def _cancel(self, trial_id: str, t: int) -> None:
+        with self._state:
+            cur = self._current
+            if cur is not None and cur.id == trial_id:
+                cur._deliver(t)
+            elif trial_id in self._finished:
+                return  # after its done: ignored
+            else:
+                self._latched.setdefault(trial_id, t)
+                while len(self._latched) > LATCHED_MAX:
+                    self._latched.popitem(last=False)
+
+    def _on_eof(self) -> None:
+        self._eof.set()
+        with self._state:
+            cur = self._current
+        if cur is not None:
+            cur._deliver(now_ns())
+        self._queue.put((_EOF, now_ns()))
+        if cur is not None and self.eof_grace_s is not None and not self._run_over.wait(self.eof_grace_s):
+            print("cancelbench.sut.server: stdin closed and the run did not end; exiting", file=sys.stderr)
+            _flush_stderr()
+            os._exit(0)
+
+    # -- the main thread ---------------------------------------------------
+    def serve(self) -> int:
+        self.send(self.declaration.to_hello())
+        threading.Thread(target=self._reader, name="sut-stdin", daemon=True).start()
+        try:
+            while True:
+                msg, t = self._queue.get()
+                if msg is _EOF:  # what came before it is taken in order (a run cancelled at once)
+                    return 0
+                kind = msg["type"]
+                if kind == "shutdown":
+                    return 0
+                if kind == "load":
+                    self._load(msg)
+                elif kind == "run":
+                    self._run(msg, t)
+        finally:
+            close = getattr(self.engine, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as exc:  # exiting anyway; say why on stderr
+                    print(f"cancelbench.sut.server: engine close failed: {one_line(exc)}", file=sys.stderr)
+
+    def _load(self, msg: dict) -> None:
+        try:
+            effective = self.engine.load(dict(msg["models"]), dict(msg["settings"]))
+            reply = {"type": "loaded", "t": now_ns()}
+            if effective:
+                reply["settings"] = {k: v for k, v in effective.items()
+                                     if isinstance(v, (bool, int, float, str))}
+            validate(reply, ("loaded",))
+        except Exception as exc:
+            self.error("load", f"{type(exc).__name__}: {exc}")
+            return
+        self.send(reply)
+
+    def _run(self, msg: dict, t_read: int) -> None:
+        trial = Trial(self, msg, t_read)
+        with self._state:
+            latched = self._latched.pop(trial.id, None)
+            self._finished.pop(trial.id, None)
+            self._current = trial
+            self._run_over.clear()
+        if latched is not None:
+            trial._deliver(latched)
+        if self._eof.is_set():  # stdin closed as this run started: nobody waits for it
+            trial._deliver(now_ns())
+        try:
+            try:
+                result = self.engine.run(trial)
+                if not isinstance(result, Result):
+                    raise TypeError(f"engine.run returned {type(result).__name__}, not a Result")
+                done = trial._done(result)
+                validate(done, ("done",))
+            except Exception as exc:
+                done = trial._done(Result("error", error=f"{type(exc).__name__}: {exc}"))
+            with self._state:
+                self._current = None
+                self._finished[trial.id] = None
+                while len(self._finished) > FINISHED_MAX:
+                    self._finished.popitem(last=False)
+            self.send(done)
+        finally:
+            with self._state:
+                self._current = None
+            self._run_over.set()
+
+
+def _type_of(line: bytes) -> str | None:
+    """The offending message's type, for ``error.of`` (None when there is none)."""
+    import json
+
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None
+    kind = msg.get("type") if isinstance(msg, dict) else None
+    return kind[:64] if isinstance(kind, str) else None
+
+
+def _flush_stderr() -> None:
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _fd_writer(fd: int) -> Callable[[bytes], None]:
+    def write(data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+    return write
+
+
+def make_server(engine: Engine, *, stdin=None, stdout=None, eof_grace_s: float | None = 4.0) -> Server:
+    """A :class:`Server` on these streams (binary; ``None``: file descriptors 0 and 1,
+    fd 1 then pointed at stderr so nothing else can write to the protocol's stdout)."""
+    if stdin is None:
+        read = lambda n: os.read(0, n)  # noqa: E731  (no buffered object: no lock at teardown)
+    else:
+        read = getattr(stdin, "read1", None) or stdin.read
+    if stdout is None:
+        sys.stdout.flush()
+        out_fd = os.dup(1)
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+        write = _fd_writer(out_fd)
+    else:
+        def write(data: bytes) -> None:
+            stdout.write(data)
+            stdout.flush()
+    return Server(engine, read, write, eof_grace_s)
+
+
+def serve(engine: Engine, *, stdin=None, stdout=None, eof_grace_s: float | None = 4.0) -> int:
+    """Speak the protocol for ``engine`` until ``shutdown`` or end of stdin; the exit status."""
+    return make_server(engine, stdin=stdin, stdout=stdout, eof_grace_s=eof_grace_s).serve()
+
+
+def main(engine: Engine) -> None:
+    """``serve`` on the process's stdin/stdout, then exit with its status."""
+    code = serve(engine)
+    _flush_stderr()
+    os._exit(code)

@@ -1,0 +1,144 @@
+"""A misbehaving engine for the agent's bad-engine tests: ``python misbehave.py MODE [N]``.
+
+Apart from its defect it is a small working engine (one phase ``work`` of
+``steps`` step calls of ``step_ms`` each, a flag checked between them) served by
+cancelbench.sut.server. Defects that happen during a run happen in the N-th run
+(default 1); earlier runs are normal.
+
+Modes: exit_at_start (a line on stderr, exit 3 before hello), never_hello (sleeps
+forever), wrong_version (hello with protocol 2), not_json (a non-JSON line during a
+run), huge_line (a 10 MB line during a run), other_clock (pongs on
+time.monotonic_ns, events stamped with time.time_ns), unknown_trial (an event for a
+trial id that is not running), two_dones (two done for one run), close_stdout
+(closes stdout mid-run and keeps running), sigill (kills itself with SIGILL during
+the N-th run), silent (answers nothing, pings included, from the middle of a run),
+ignores_shutdown (ignores shutdown, end of stdin and SIGTERM; keeps sleeping).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import time
+
+from cancelbench.sut.declaration import Declaration, MechanismInfo, Phase, Setting
+from cancelbench.sut.protocol import encode
+from cancelbench.sut.server import Result, Trial, make_server
+
+MODES = ("exit_at_start", "never_hello", "wrong_version", "not_json", "huge_line", "other_clock", "unknown_trial",
+         "two_dones", "close_stdout", "sigill", "silent", "ignores_shutdown")
+
+DECLARATION = Declaration(
+    name="misbehave", version="1", input="text",
+    phases=(Phase("work", True),),
+    mechanisms=(MechanismInfo("flag", "a flag checked between step calls"),),
+    settings=(Setting("steps", "int", 5, 1, 100_000, "step calls per run"),
+              Setting("step_ms", "int", 10, 0, 600_000, "each step call's sleep, ms")))
+
+
+def sleep_forever() -> None:
+    while True:
+        time.sleep(3600)
+
+
+class Misbehave:
+    def __init__(self, mode: str, n: int) -> None:
+        self.mode = mode
+        self.n = n
+        self.runs = 0
+        self.server = None
+        self.steps, self.step_ms = 5, 10
+        self.declaration = dataclasses.replace(DECLARATION, protocol=2) if mode == "wrong_version" else DECLARATION
+
+    def load(self, models: dict, settings: dict) -> dict | None:
+        self.steps = int(settings.get("steps") or 5)
+        self.step_ms = int(settings.get("step_ms") or 0)
+        return None
+
+    def _defect(self, trial: Trial) -> None:
+        """The mode's defect, once the run has started (after its first step)."""
+        mode, server = self.mode, self.server
+        if mode == "not_json":
+            server.write_line(b"this is not JSON {\n")
+        elif mode == "huge_line":
+            server.write_line(b'{"type":"phase","trial":"' + b"x" * (10 * 1000 * 1000) + b'"}\n')
+        elif mode == "unknown_trial":
+            server.write_line(encode({"type": "phase", "trial": trial.id + ".not-running", "phase": "work",
+                                      "t": time.monotonic_ns()}))
+        elif mode == "close_stdout":
+            with server.stdout_lock:
+                os.close(server.out_fd)
+                os.close(1)  # fd 1 points at stderr's file; closed too: nothing of ours is on stdout
+                sleep_forever()
+        elif mode == "sigill":
+            os.kill(os.getpid(), signal.SIGILL)
+            sleep_forever()
+        elif mode == "silent":
+            server.stdout_lock.acquire()  # every write, pongs included, waits for ever
+            sleep_forever()
+
+    def run(self, trial: Trial) -> Result:
+        self.runs += 1
+        other_clock = self.mode == "other_clock"
+        stamp = time.time_ns if other_clock else time.monotonic_ns
+        trial.phase("work", stamp())
+        for i in range(self.steps):
+            if trial.cancelled:
+                return Result("cancelled", t_terminal_ns=stamp() if other_clock else None)
+            trial.step_start(stamp())
+            trial.sleep(self.step_ms / 1000)
+            trial.step_end(stamp())
+            if i == 0 and self.runs == self.n:
+                self._defect(trial)
+        cancelled, t = trial.terminal()
+        if self.mode == "two_dones" and self.runs == self.n:  # one done here, the server sends the other
+            self.server.write_line(encode({"type": "done", "trial": trial.id, "outcome": "completed",
+                                           "t": t, "phase": "work"}))
+        return Result("cancelled" if cancelled else "completed", t_terminal_ns=stamp() if other_clock else t)
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] not in MODES:
+        print(f"usage: misbehave.py {{{','.join(MODES)}}} [N]", file=sys.stderr)
+        sys.exit(2)
+    mode, n = argv[0], int(argv[1]) if len(argv) > 1 else 1
+    if mode == "exit_at_start":
+        print("misbehave: exiting before hello, as asked", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if mode == "never_hello":
+        sleep_forever()
+    if mode == "ignores_shutdown":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    engine = Misbehave(mode, n)
+    out_fd = os.dup(1)
+    server = make_server(engine, stdout=_FdOut(out_fd), eof_grace_s=None)
+    server.out_fd = out_fd
+    os.dup2(2, 1)  # nothing else of ours on the protocol's stdout
+    sys.stdout = sys.stderr
+    engine.server = server
+    code = server.serve()
+    if mode == "ignores_shutdown":
+        sleep_forever()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class _FdOut:
+    """A binary stdout on a raw fd (the server's writes, unbuffered)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+
+    def flush(self) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
