@@ -414,6 +414,8 @@ static void *reader_main(void *arg) {
                 enqueue(m);
             }
         } else if (strcmp(ty, "shutdown") == 0) {
+            /* sent between trials; one that comes during a run cuts it short (exit within 5 s) */
+            atomic_store(&g_flag, true);
             enqueue(m);
         } else {
             emit_error(ty, "unknown message type '%.64s'", ty);
