@@ -41,7 +41,9 @@ import dataclasses
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2  # 2: every setting that shapes a trial is a column; readers accept 1 (new columns null)
+# 2: every setting that shapes a trial is a column; 3: engines declare themselves (engine_* columns, external
+# engines); readers accept older versions (new columns null)
+SCHEMA_VERSION = 3
 
 # Partition columns of the hive-partitioned dataset (values sanitized for paths).
 PARTITION_COLUMNS = ("backend", "host")
@@ -82,6 +84,26 @@ GROUPS = {
 
 _I32, _I64, _F64, _STR, _BOOL = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
 
+
+def _engine_setting_fields() -> list[tuple]:
+    """One settings column per built-in engine setting (its record column), typed and
+    documented from the declarations (cancelbench/engine_decls.py), so a setting
+    added there is a column here without editing this file."""
+    from cancelbench.engine_decls import DECLARATIONS
+
+    types = {("int", "int32"): _I32, ("int", "int64"): _I64, ("float", "float64"): _F64, ("float", "int32"): _F64,
+             ("bool", "int32"): _BOOL, ("string", "int32"): _STR}
+    columns: dict[str, tuple] = {}
+    for decl in DECLARATIONS.values():
+        for s in decl.settings:
+            col = s.record_column
+            engines = [n for n, d in DECLARATIONS.items() if any(x.record_column == col for x in d.settings)]
+            columns.setdefault(col, (col, types[(s.type, s.width)], "settings", f"{', '.join(engines)}: {s.doc}"))
+    return list(columns.values())
+
+
+_ENGINE_SETTING_FIELDS = _engine_setting_fields()
+
 # (name, type, group, doc[, owner override])
 _FIELDS: list[tuple] = [
     ("schema_version", _I32, "identity", "record schema version (this file's SCHEMA_VERSION)"),
@@ -110,6 +132,12 @@ _FIELDS: list[tuple] = [
     ("kernel_version", _STR, "host", "kernel release of the agent host (uname -r)"),
     ("gpu_driver_version", _STR, "host", "GPU driver version of the agent's device (Vulkan/NVIDIA), null on CPU"),
     ("agent_niceness", _I32, "host", "the agent process's nice value (Ray starts workers at 15 unless RAY_worker_niceness says otherwise; a cancelbench-started Ray: 0)"),
+    ("engine_name", _STR, "host", "the engine's declared name (cancelbench-text ..., or an external engine's hello)"),
+    ("engine_version", _STR, "host", "the engine's declared version (the cancelbench version for built-in engines)"),
+    ("engine_build_json", _STR, "host", "an external engine's build facts from its hello, JSON {key: value}; null for built-in engines"),
+    ("engine_clock", _STR, "host", "external engines: same (the engine's pongs lay on the agent's clock) | estimated (engine_clock_offset_ns applied to its timestamps)"),
+    ("engine_clock_offset_ns", _I64, "host", "external engines: engine clock minus agent clock (0 when same)"),
+    ("engine_clock_uncertainty_ns", _I64, "host", "external engines: bound on that conversion (half the fastest ping round trip; 0 when same)"),
     ("agent_switch_interval_us", _F64, "host", "the agent process's Python switch interval (sys.getswitchinterval), µs: how long a cancel arriving while the engine runs Python may wait for the GIL"),
     ("workload", _STR, "settings", "workload name from the sweep config"),
     ("engine", _STR, "settings", "text | tts | stt | probe | sim (simulated: waits, not compute)"),
@@ -117,27 +145,8 @@ _FIELDS: list[tuple] = [
     ("model_sha256", _STR, "settings", "sha256 of the model file (verified against its lock on the agent)", "either"),
     ("mmproj", _STR, "settings", "multimodal projector file name (tts/stt), else null"),
     ("corpus", _STR, "settings", "input corpus name (datasets/corpora/<name>.jsonl) or path"),
-    ("n_threads", _I32, "settings", "llama.cpp threads"),
-    ("n_ctx", _I32, "settings", "context size (the engine's effective value)"),
-    ("n_batch", _I32, "settings", "llama n_batch"),
-    ("n_ubatch", _I32, "settings", "llama n_ubatch"),
-    ("chunk_tokens", _I32, "settings", "prefill chunk size for the chunked mechanism"),
-    ("prompt_tokens", _I32, "settings", "text: prompt length asked for (tokens)"),
-    ("max_tokens", _I32, "settings", "generation cap (tokens; tts: frames)"),
-    ("n_gpu_layers", _I32, "settings", "layers offloaded to the device (effective: the device default resolved)"),
-    ("use_extra_bufts", _BOOL, "settings", "llama.cpp weight repacking into extra CPU buffer types (AMX, ...); llama.cpp's default is true"),
-    ("graph_slice_us", _I32, "settings", "graph_eval: eval-reader work per synchronized node range, us (0 = every node)"),
-    ("max_frames", _I32, "settings", "tts: frame cap of one synthesis"),
-    ("temp", _F64, "settings", "tts: sampling temperature"),
-    ("top_k", _I32, "settings", "tts: sampling top-k"),
-    ("sampling_seed", _I64, "settings", "tts: sampler seed"),
-    ("lang", _STR, "settings", "tts/stt: language setting"),
-    ("system_prompt", _STR, "settings", "stt: system prompt"),
-    ("duration_us", _I64, "settings", "probe: busy-loop duration, us"),
-    ("period_us", _I64, "settings", "probe: token check period, us"),
-    ("sim_phase_us", _I64, "settings", "sim (simulated engine): each phase's wait, us"),
-    ("sim_granularity_us", _I64, "settings", "sim: in-wait mechanisms check the token this often, us"),
-    ("sim_steps", _I32, "settings", "sim: native waits in generate (and in chunked prefill)"),
+    *_ENGINE_SETTING_FIELDS,  # every built-in engine setting, from the engines' declarations
+    ("engine_settings_json", _STR, "settings", "every setting of the trial's engine, the config's value or the declared default, with the values the engine chose itself (`loaded.settings` of an external engine), JSON {name: value}"),
     ("reference_runs", _I32, "settings", "reference runs per device/workload/mechanism (the reference run is their median)"),
     ("offset_max_fraction", _F64, "settings", "uniform plan: offsets drawn over [0, this) of the reference duration"),
     ("offset_min_per_phase", _I32, "settings", "phase plan: cancels aimed at each phase, at least"),
@@ -186,6 +195,9 @@ _FIELDS: list[tuple] = [
     ("t_issued_ns", _I64, "timestamps", "agent clock: when the cancel was issued (driver time converted)", "either"),
     ("t_issued_driver_ns", _I64, "timestamps", "driver clock: raw issue time (driver delivery)", "driver"),
     ("t_received_ns", _I64, "timestamps", "agent: cancel() entered on the agent"),
+    ("t_engine_received_ns", _I64, "timestamps", "external engines: the engine process read the cancel message "
+     "(its done.cancel_received_t, converted); the outcome rule uses it"),
+    ("t_engine_done_read_ns", _I64, "timestamps", "external engines: the agent read the engine's done message"),
     ("t_native_observed_ns", _I64, "timestamps", "agent: first native reader saw the token (abort mechanisms), else null"),
     ("t_native_returned_ns", _I64, "timestamps", "agent: the native call in flight at receipt returned"),
     ("t_terminal_ns", _I64, "timestamps", "agent: engine reached its terminal state"),
@@ -197,6 +209,7 @@ _FIELDS: list[tuple] = [
     ("anchor_hop_ms", _F64, "derived", "t_anchor_seen - t_anchor (driver delivery: the anchor event's hop to the driver)"),
     ("schedule_lag_ms", _F64, "derived", "t_issued - t_cancel_scheduled"),
     ("deliver_ms", _F64, "derived", "t_received - t_issued"),
+    ("protocol_hop_ms", _F64, "derived", "t_engine_received - t_received (external engines: agent -> engine process)"),
     ("observe_ms", _F64, "derived", "t_native_observed - t_received"),
     ("return_ms", _F64, "derived", "t_native_returned - max(t_received, t_native_observed)"),
     ("settle_ms", _F64, "derived", "t_terminal - t_native_returned"),
@@ -216,6 +229,8 @@ _FIELDS: list[tuple] = [
     ("phase_steps_json", _STR, "result", "step calls started per phase, JSON {phase: n} (progress plans draw on it)"),
     ("phase_step_ms_json", _STR, "result", "shortest step call per phase, JSON {phase: ms} (progress plans draw on it)"),
     ("error", _STR, "result", "error message (outcome error/lost)", "either"),
+    ("engine_counters_json", _STR, "result", "external engines: the counters of its done message, JSON {name: int}"),
+    ("engine_stderr", _STR, "result", "external engines: what the engine process wrote to stderr since the previous record (its last 8 KiB)"),
     ("backend", _STR, "partition", "cpu | vulkan | metal | cuda"),
     ("host", _STR, "partition", "sanitized host name used as the partition path part"),
 ]
@@ -258,6 +273,7 @@ def derive(row: dict) -> dict:
     ret_from = max(x for x in (received, observed) if x is not None) if (received or observed) else None
     row["schedule_lag_ms"] = _ms(g("t_issued_ns"), g("t_cancel_scheduled_ns"))
     row["deliver_ms"] = _ms(received, g("t_issued_ns"))
+    row["protocol_hop_ms"] = _ms(g("t_engine_received_ns"), received)
     row["observe_ms"] = _ms(observed, received)
     row["return_ms"] = _ms(g("t_native_returned_ns"), ret_from)
     row["settle_ms"] = _ms(g("t_terminal_ns"), g("t_native_returned_ns"))

@@ -37,5 +37,6 @@ def resolve_models(workload: dict) -> dict:
         wl[key] = str(path)
         wl[f"{key}_sha256"] = verify_file(path, FileLock(path.name, int(entry["size"]), str(entry["sha256"]).lower(),
                                                          str(entry.get("source", ""))))
-        check_model(path, wl.get("engine", "text"), key)
+        if wl.get("engine") != "external":  # an external engine's models are its own business
+            check_model(path, wl.get("engine", "text"), key)
     return wl

@@ -7,12 +7,15 @@ written anywhere before the whole config has been validated.
 from __future__ import annotations
 
 import json
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cancelbench.device_agents.engines.registry import BACKENDS, ENGINES, MECHANISM_NAMES
+from cancelbench.device_agents.engines.registry import (BACKENDS, ENGINES, EXTERNAL, MAX_SEED, EngineSpec,
+                                                        external_spec)
 from cancelbench.inputs import MAX_CONFIG_BYTES, expect_choice, expect_name, load_toml, safe_component
 from cancelbench.schema import DELIVERIES, SETTINGS_COLUMNS
+from cancelbench.sut.declaration import Declaration, SettingError
 
 OFFSET_PLANS = ("immediate", "uniform", "fixed", "phase", "progress", "phase_time")
 # Plans whose cancels are anchored to an engine event (entry into a phase, a step call).
@@ -23,16 +26,10 @@ ANCHORED_PLANS = ("phase", "progress")
 PHASE_PLANS = ANCHORED_PLANS + ("phase_time",)
 
 # Upper bounds, checked before anything runs (README "Sweep configuration", bounds).
-MAX_SEED = 2**62 - 1  # input/offset seeds derive as 2*seed+1/2: still int64
-MAX_INT32 = 2**31 - 1  # the record columns of workload settings are int32
-MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
 MAX_OFFSET_MS = 3_600_000.0  # one hour: a fixed offset beyond any trial
-MAX_DURATION_US = 3_600_000_000  # probe engine: one hour
 MAX_TRIALS_PER_CELL = 100_000
 MAX_REFERENCE_RUNS = 1_000
 MAX_PING_SAMPLES = 10_000
-MAX_SIM_US = 600_000_000  # sim engine: a phase's wait (int32 column), ten minutes
-MAX_SIM_STEPS = 100_000  # sim engine: waits per phase
 MAX_SIM_PER_HOST = 1_024  # simulated devices (one agent process each) per host
 # Planned trials in one sweep, all devices together (the plan is built in the driver's memory before
 # the first trial; benchmarks/results/plan_scale.json has its measured cost). Checked per device at
@@ -44,53 +41,83 @@ class ConfigError(ValueError):
     """Invalid sweep configuration."""
 
 
-@dataclass(frozen=True)
-class WorkloadSpec:
-    name: str
-    engine: str = "text"
-    model: str = "fixture:text-llama-57m"
-    mmproj: str | None = None
-    lock: str | None = None  # lock file for non-fixture models
-    inputs: str = "text_prompts"  # corpus name in datasets/corpora/
-    n_threads: int = 2
-    n_ctx: int = 0  # 0: derived by the engine
-    n_batch: int = 256
-    n_ubatch: int | None = None  # None: n_batch
-    chunk_tokens: int = 32
-    prompt_tokens: int = 256
-    max_tokens: int = 16
-    n_gpu_layers: int | None = None  # None: all layers on GPU devices, none on CPU
-    # llama.cpp's weight repacking into extra CPU buffer types (AMX tiles on x86, ...): on by
-    # default as in llama.cpp; off where a host faults in them (a VM that advertises AMX but
-    # loses tile state: SIGILL in tileloadd, seen at field scale here)
-    use_extra_bufts: bool = True
-    backends: tuple[str, ...] = ()  # run only on devices of these backends (empty: all)
-    duration_us: int = 200_000  # probe engine
-    period_us: int = 1_000  # probe engine
-    graph_slice_us: int | None = None  # graph_eval: eval-reader sync slice (None: engine default; 0: every node)
-    sim_phase_us: int | None = None  # sim engine: each phase's wait time (None: the engine's default)
-    sim_granularity_us: int | None = None  # sim engine: in-wait mechanisms check the token this often
-    sim_steps: int | None = None  # sim engine: native waits in generate (and in chunked prefill)
-    extra: dict = field(default_factory=dict)  # engine-specific settings (tts/stt)
+# Every built-in engine's settings, once each (cancelbench.sut.declaration.Setting); a name two
+# engines share must mean the same type there.
+BUILTIN_SETTINGS = {}
+for _spec in ENGINES.values():
+    for _s in _spec.declaration.settings:
+        assert BUILTIN_SETTINGS.setdefault(_s.name, _s).type == _s.type, _s.name
+# Keys of an external workload (besides the common ones): how to start the engine.
+EXTERNAL_KEYS = ("command", "cwd", "env", "startup_timeout_s", "answer_timeout_s", "settings")
+MAX_STARTUP_S, MAX_ANSWER_S = 600.0, 3600.0
+_COMMON_KEYS = ("name", "engine", "model", "mmproj", "lock", "inputs", "backends")
+
+
+class _WorkloadBase:
+    """Behaviour of :class:`WorkloadSpec` (a dataclass generated below: its fields are the
+    common keys, the external engine's keys and every built-in engine's settings)."""
+
+    @property
+    def spec(self) -> EngineSpec:
+        """The engine's spec: a built-in one, or an external engine's from its hello."""
+        if self.engine != EXTERNAL:
+            return ENGINES[self.engine]
+        if self.declaration is None:
+            raise ConfigError(f"workload {self.name}: its external engine has not said hello yet")
+        return external_spec(self.declaration, needs_model=bool(self.model))
+
+    def given_settings(self) -> dict:
+        """The engine settings the config gave (built-in: the keys set; external: its table)."""
+        if self.engine == EXTERNAL:
+            return dict(self.settings)
+        return {s.name: getattr(self, s.name) for s in self.spec.declaration.settings
+                if getattr(self, s.name) is not None}
+
+    def resolved_settings(self) -> dict:
+        """Every setting the engine declares: the config's value or the declared default."""
+        return self.spec.declaration.resolve(self.given_settings(), f"workload {self.name}")
 
     def engine_params(self) -> dict:
         """What the agent's engine is built from (the load payload, without locks)."""
-        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "inputs", "lock", "backends")}
-        if not d["n_ctx"]:
-            d.pop("n_ctx")
-        if d["n_ubatch"] is None:
-            d["n_ubatch"] = d["n_batch"]
-        d.update(self.extra)
+        # None: the engine (or the agent, for the device's n_gpu_layers) chooses
+        d = {"engine": self.engine, **{k: v for k, v in self.resolved_settings().items() if v is not None}}
+        if self.engine == EXTERNAL:
+            d = {"engine": EXTERNAL, "settings": self.resolved_settings(), "command": list(self.command),
+                 "cwd": self.cwd, "env": dict(self.env), "startup_timeout_s": self.startup_timeout_s,
+                 "answer_timeout_s": self.answer_timeout_s, "contract": self.declaration.contract()}
+        if self.spec.needs_model:
+            d["model"], d["mmproj"] = self.model, self.mmproj
         return d
 
-    def settings(self) -> dict:
-        """The settings columns the config alone decides; the engine's effective
-        values (``describe()`` on the agent, after load) complete them."""
+    def settings_columns(self) -> dict:
+        """The settings columns the config alone decides; the engine's effective values
+        (``describe()`` on the agent, after load) complete them."""
         def file_name(spec: str | None) -> str | None:  # "fixture:name" or a path: the name a reader knows
-            return Path(spec.removeprefix("fixture:")).name if spec and ENGINES[self.engine].needs_model else None
+            return Path(spec.removeprefix("fixture:")).name if spec and self.spec.needs_model else None
 
-        return {"workload": self.name, "engine": self.engine, "corpus": self.inputs,
+        return {"workload": self.name, "engine": self.engine, "corpus": self.inputs if self.spec.needs_model else None,
                 "model": file_name(self.model), "mmproj": file_name(self.mmproj)}
+
+
+def _workload_fields() -> list:
+    common = [("name", str), ("engine", str, field(default="text")),
+              ("model", str | None, field(default="fixture:text-llama-57m")),
+              ("mmproj", str | None, field(default=None)), ("lock", str | None, field(default=None)),
+              ("inputs", str, field(default="text_prompts")),  # corpus name in datasets/corpora/
+              ("backends", tuple, field(default=())),  # run only on devices of these backends (empty: all)
+              # external engines (docs/sut-protocol.md)
+              ("command", tuple, field(default=())), ("cwd", str | None, field(default=None)),
+              ("env", tuple, field(default=())),  # (name, value) pairs
+              ("startup_timeout_s", float, field(default=30.0)), ("answer_timeout_s", float, field(default=10.0)),
+              ("settings", tuple, field(default=())),  # (name, value) pairs, checked against the declaration
+              ("declaration", Declaration | None, field(default=None))]  # the external engine's hello
+    # Built-in engine settings: None = not given (the engine's declared default applies).
+    return common + [(name, object, field(default=None)) for name in BUILTIN_SETTINGS]
+
+
+WorkloadSpec = dataclasses.make_dataclass("WorkloadSpec", _workload_fields(), bases=(_WorkloadBase,), frozen=True)
+WorkloadSpec.__module__ = __name__
+WorkloadSpec.__doc__ = "One [[workload]] of a sweep config: an engine, its model and inputs, its settings."
 
 
 @dataclass(frozen=True)
@@ -101,15 +128,15 @@ class OffsetSpec:
     max_fraction: float = 0.9  # uniform: draw over [0, max_fraction) of the reference
     phases: tuple[str, ...] = ()  # phase plans: aim only at these phases (empty: every one the plan can reach)
 
-    def target_phases(self, engine: str) -> tuple[str, ...]:
+    def target_phases(self, engine: EngineSpec) -> tuple[str, ...]:
         """The phases this plan aims cancels at on ``engine``, in run order (empty for a
         plan that aims at no phase)."""
         if self.plan not in PHASE_PLANS:
             return ()
-        reachable = ENGINES[engine].plan_phases(self.plan in ANCHORED_PLANS)
+        reachable = engine.plan_phases(self.plan in ANCHORED_PLANS)
         return tuple(p for p in reachable if p in self.phases) if self.phases else reachable
 
-    def cancels_per_cell(self, trials_per_cell: int, engine: str) -> int:
+    def cancels_per_cell(self, trials_per_cell: int, engine: EngineSpec) -> int:
         """Cancel trials per (device, workload, mechanism, delivery) cell: a phase plan
         aims at least min_per_phase at each target phase."""
         return max(trials_per_cell, self.min_per_phase * len(self.target_phases(engine)))
@@ -169,8 +196,10 @@ class SweepConfig:
 def trial_settings(config: SweepConfig, workload: WorkloadSpec, trial_kind: str, described: dict) -> dict:
     """Every settings column of one trial: the config's values, the offset plan's
     parameters and the engine's effective values (``described``, from load)."""
-    cols = {**workload.settings(), **config.offset_settings(trial_kind)}
+    cols = {**workload.settings_columns(), **config.offset_settings(trial_kind)}
     cols.update({k: v for k, v in described.items() if k in SETTINGS_COLUMNS and k not in cols})
+    effective = {**workload.resolved_settings(), **(described.get("engine_settings") or {})}
+    cols["engine_settings_json"] = json.dumps(effective, sort_keys=True, default=str)
     return cols
 
 
@@ -178,20 +207,6 @@ DEFAULT_CONFIG = SweepConfig()
 
 _SWEEP_KEYS = {"seed", "input_seed", "offset_seed", "trials_per_cell", "reference_runs", "mechanisms",
                "deliveries", "ping_samples"}
-_WORKLOAD_KEYS = set(WorkloadSpec.__dataclass_fields__) - {"extra"}
-# Engine-specific keys passed through to the engine (tts/stt).
-_SPEECH_EXTRA = {"max_frames", "lang", "top_k", "temp", "seed", "system_prompt"}
-# Integer workload keys: (minimum, maximum).
-_WORKLOAD_INTS = {
-    "n_threads": (1, MAX_THREADS), "n_batch": (1, MAX_INT32), "n_ubatch": (1, MAX_INT32),
-    "chunk_tokens": (1, MAX_INT32), "prompt_tokens": (1, MAX_INT32), "max_tokens": (1, MAX_INT32),
-    "duration_us": (1, MAX_DURATION_US), "period_us": (1, MAX_DURATION_US),
-    "n_gpu_layers": (-1, MAX_INT32), "n_ctx": (0, MAX_INT32),
-    "graph_slice_us": (0, MAX_DURATION_US),  # graph_eval: work per synchronized node range; 0 = every node
-    "sim_phase_us": (1, MAX_SIM_US), "sim_granularity_us": (1, MAX_SIM_US), "sim_steps": (1, MAX_SIM_STEPS),
-}
-
-
 def _int(value, where: str, minimum: int | None = None, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{where} must be an integer, got {value!r}")
@@ -217,63 +232,123 @@ def _table(data: dict, key: str, where: str) -> dict:
     return value
 
 
-def _names(value, where: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+def _names(value, where: str, allowed: tuple[str, ...] | None) -> tuple[str, ...]:
+    """A non-empty list of distinct names; of ``allowed`` (None: any identifier)."""
     if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
         raise ConfigError(f"{where} must be a non-empty list")
     for v in value:
-        if v not in allowed:
+        if allowed is None:
+            if not isinstance(v, str) or not v.isidentifier() or len(v) > 64:
+                raise ConfigError(f"{where}: {v!r:.80} is not a name (letters, digits, _)")
+        elif v not in allowed:
             raise ConfigError(f"{where}: unknown value {v!r} (known: {', '.join(allowed)})")
     if len(set(value)) != len(value):
         raise ConfigError(f"{where}: duplicate values in {list(value)}")
     return tuple(value)
 
 
-def _workload(raw: dict, i: int) -> WorkloadSpec:
+def _workload(raw: dict, i: int, declare=None) -> WorkloadSpec:
+    """One [[workload]] table. Its keys: the common ones, then what its engine declares
+    (a built-in engine's settings; an external engine's `command`... and `settings`,
+    checked against the declaration ``declare(spec)`` returns, the engine's hello)."""
     where = f"workload[{i}]"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a table")
-    unknown = set(raw) - _WORKLOAD_KEYS - _SPEECH_EXTRA
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     if "name" not in raw:
         raise ConfigError(f"{where}: 'name' is required")
     expect_name(raw["name"], f"{where}.name", ConfigError)  # bounded: it becomes trial ids and file names
     engine = raw.get("engine", "text")
+    known_engines = tuple(ENGINES) + (EXTERNAL,)
     if not isinstance(engine, str):  # a list or table is refused by its type, not by a TypeError
-        expect_choice(engine, f"{where}.engine", tuple(ENGINES), ConfigError)
-    if engine not in ENGINES:
-        raise ConfigError(f"{where}: unknown engine {engine!r} (known: {', '.join(ENGINES)})")
-    kwargs = {k: v for k, v in raw.items() if k in _WORKLOAD_KEYS}
+        expect_choice(engine, f"{where}.engine", known_engines, ConfigError)
+    if engine not in known_engines:
+        raise ConfigError(f"{where}: unknown engine {engine!r} (known: {', '.join(known_engines)})")
+    external = engine == EXTERNAL
+    allowed = set(_COMMON_KEYS) | (set(EXTERNAL_KEYS) if external else
+                                   {s.name for s in ENGINES[engine].declaration.settings})
+    if not external and not ENGINES[engine].needs_model:
+        allowed -= {"model", "mmproj", "lock", "inputs"}
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        if not external and set(unknown) <= set(BUILTIN_SETTINGS):
+            raise ConfigError(f"{where}: {', '.join(unknown)} is not a setting of the {engine} engine (its settings: "
+                              f"{', '.join(s.name for s in ENGINES[engine].declaration.settings)})")
+        if external and set(unknown) <= set(BUILTIN_SETTINGS):
+            raise ConfigError(f"{where}: an external engine's settings go in its settings table "
+                              f"(settings = {{{unknown[0]} = ...}})")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    kwargs = {k: v for k, v in raw.items() if k in set(_COMMON_KEYS)}
     for key in ("model", "mmproj", "lock", "inputs"):
         if key in kwargs and (not isinstance(kwargs[key], str) or not kwargs[key].strip()):
             raise ConfigError(f"{where}.{key} must be a non-empty string, got {kwargs[key]!r}")
-    for key, (lo, hi) in _WORKLOAD_INTS.items():
-        if key in kwargs:
-            _int(kwargs[key], f"{where}.{key}", lo, hi)
     if "backends" in kwargs:
         kwargs["backends"] = _names(kwargs["backends"], f"{where}.backends", BACKENDS)
-    if "use_extra_bufts" in kwargs and not isinstance(kwargs["use_extra_bufts"], bool):
-        raise ConfigError(f"{where}.use_extra_bufts must be true or false, got {kwargs['use_extra_bufts']!r}")
-    extra = {k: v for k, v in raw.items() if k in _SPEECH_EXTRA}
-    for key, value in extra.items():
-        if key in ("lang", "system_prompt") and not isinstance(value, str):
-            raise ConfigError(f"{where}.{key} must be a string, got {value!r}")
-        if key in ("max_frames", "top_k"):
-            _int(value, f"{where}.{key}", 1, MAX_INT32)
-        if key == "seed":
-            _int(value, f"{where}.seed", 0, MAX_SEED)
-        if key == "temp":
-            _number(value, f"{where}.temp", 0.0, 100.0)
-    spec = WorkloadSpec(**kwargs, extra=extra)
-    if spec.n_ubatch is not None and spec.n_ubatch > spec.n_batch:
-        raise ConfigError(f"{where}: n_ubatch ({spec.n_ubatch}) must be <= n_batch ({spec.n_batch})")
-    if ENGINES[spec.engine].needs_mmproj and spec.model == WorkloadSpec.model:
-        raise ConfigError(f"{where}: engine {spec.engine} needs 'model' (and 'mmproj')")
-    if ENGINES[spec.engine].needs_mmproj and not spec.mmproj:
-        raise ConfigError(f"{where}: engine {spec.engine} needs 'mmproj'")
-    if ENGINES[spec.engine].needs_model and not spec.model.startswith("fixture:") and not spec.lock:
-        raise ConfigError(f"{where}: model {spec.model} needs a 'lock' file (see `cancelbench lock`)")
+    if external:
+        kwargs.setdefault("model", None)
+        kwargs.update(_external_keys(raw, where))
+    else:
+        try:
+            ENGINES[engine].declaration.resolve({k: v for k, v in raw.items() if k in BUILTIN_SETTINGS}, where)
+        except SettingError as exc:
+            raise ConfigError(str(exc)) from None
+        kwargs.update({k: v for k, v in raw.items() if k in BUILTIN_SETTINGS})
+    spec = WorkloadSpec(**kwargs)
+    if external:
+        if declare is None:
+            raise ConfigError(f"{where}: an external engine is checked against its hello; "
+                              "load this config with `cancelbench sweep` (which starts the engine once)")
+        spec = dataclasses.replace(spec, declaration=declare(spec))
+        try:
+            spec.resolved_settings()
+        except SettingError as exc:
+            raise ConfigError(str(exc).replace(f"workload {spec.name}", where)) from None
+    _check_workload(spec, where)
     return spec
+
+
+def _external_keys(raw: dict, where: str) -> dict:
+    """An external workload's start-up keys, checked (docs/sut-protocol.md)."""
+    command = raw.get("command")
+    if (not isinstance(command, list) or not command
+            or not all(isinstance(a, str) and a and "\0" not in a for a in command)):
+        raise ConfigError(f"{where}.command must be a non-empty list of non-empty strings (an argv; no shell), "
+                          f"got {command!r:.100}")
+    out = {"command": tuple(command)}
+    if "cwd" in raw:
+        if not isinstance(raw["cwd"], str) or not raw["cwd"].strip():
+            raise ConfigError(f"{where}.cwd must be a non-empty string, got {raw['cwd']!r}")
+        out["cwd"] = raw["cwd"]
+    env = raw.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and k and "=" not in k and isinstance(v, str)
+                                            for k, v in env.items()):
+        raise ConfigError(f"{where}.env must be a table of NAME = \"value\" strings")
+    out["env"] = tuple(sorted(env.items()))
+    for key, hi in (("startup_timeout_s", MAX_STARTUP_S), ("answer_timeout_s", MAX_ANSWER_S)):
+        if key in raw:
+            out[key] = _number(raw[key], f"{where}.{key}", 1.0, hi)
+    settings = raw.get("settings", {})
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{where}.settings must be a table of setting = value")
+    out["settings"] = tuple(sorted(settings.items()))
+    return out
+
+
+def _check_workload(spec: WorkloadSpec, where: str) -> None:
+    """What no single setting says: sizes that must agree, files an engine needs."""
+    s = spec.resolved_settings() if spec.engine != EXTERNAL else {}
+    if s.get("n_ubatch") is not None and s["n_ubatch"] > s["n_batch"]:
+        raise ConfigError(f"{where}: n_ubatch ({s['n_ubatch']}) must be <= n_batch ({s['n_batch']})")
+    engine = spec.spec
+    if engine.needs_mmproj and spec.model == WorkloadSpec.model:
+        raise ConfigError(f"{where}: engine {spec.engine} needs 'model' (and 'mmproj')")
+    if engine.needs_mmproj and not spec.mmproj:
+        raise ConfigError(f"{where}: engine {spec.engine} needs 'mmproj'")
+    if spec.engine == EXTERNAL and spec.mmproj and not spec.model:
+        raise ConfigError(f"{where}: 'mmproj' needs a 'model'")
+    for key in ("model", "mmproj"):
+        path = getattr(spec, key)
+        if engine.needs_model and path and not path.startswith("fixture:") and not spec.lock:
+            raise ConfigError(f"{where}: {key} {path} needs a 'lock' file (see `cancelbench lock`)")
 
 
 def _sweep_kwargs(data: dict) -> dict:
@@ -291,7 +366,8 @@ def _sweep_kwargs(data: dict) -> dict:
     if "ping_samples" in sweep:
         kw["ping_samples"] = _int(sweep["ping_samples"], "sweep.ping_samples", 1, MAX_PING_SAMPLES)
     if "mechanisms" in sweep:
-        kw["mechanisms"] = _names(sweep["mechanisms"], "sweep.mechanisms", MECHANISM_NAMES)
+        # names only here: which engine has which mechanism is checked per workload (parse_config)
+        kw["mechanisms"] = _names(sweep["mechanisms"], "sweep.mechanisms", None)
     if "deliveries" in sweep:
         kw["deliveries"] = _names(sweep["deliveries"], "sweep.deliveries", DELIVERIES)
     return kw
@@ -355,19 +431,20 @@ def _check_target_phases(config: SweepConfig) -> None:
     if not off.phases:
         return
     anchored = off.plan in ANCHORED_PLANS
-    reachable = {p for w in config.workloads for p in ENGINES[w.engine].plan_phases(anchored)}
+    reachable = {p for w in config.workloads for p in w.spec.plan_phases(anchored)}
     unknown = [p for p in off.phases if p not in reachable]
     if unknown:
         raise ConfigError(f"offsets.phases: {', '.join(unknown)} is not a phase the {off.plan} plan can aim at "
                           f"in these workloads (can: {', '.join(sorted(reachable))})")
     for wl in config.workloads:
-        if not off.target_phases(wl.engine):
+        if not off.target_phases(wl.spec):
             raise ConfigError(f"offsets.phases: workload {wl.name} ({wl.engine} engine) has none of "
                               f"{', '.join(off.phases)}")
 
 
-def parse_config(data: dict) -> SweepConfig:
-    """Validate a parsed TOML document; defaults fill what is absent."""
+def parse_config(data: dict, declare=None) -> SweepConfig:
+    """Validate a parsed TOML document; defaults fill what is absent. ``declare(workload)``
+    returns an external engine's declaration (its hello; cancelbench.sut.client.declare)."""
     unknown = set(data) - {"sweep", "offsets", "devices", "workload"}
     if unknown:
         raise ConfigError(f"unknown top-level table(s): {', '.join(sorted(unknown))}")
@@ -378,7 +455,7 @@ def parse_config(data: dict) -> SweepConfig:
     if "workload" in data and not raw_workloads:
         raise ConfigError("workload = [] lists no workload; give at least one [[workload]] table "
                           "(or leave 'workload' out for the built-in default)")
-    workloads = tuple(_workload(w, i) for i, w in enumerate(raw_workloads)) or DEFAULT_CONFIG.workloads
+    workloads = tuple(_workload(w, i, declare) for i, w in enumerate(raw_workloads)) or DEFAULT_CONFIG.workloads
     names = [w.name for w in workloads]
     if len(set(names)) != len(names):
         raise ConfigError(f"workload names must be unique, got {names}")
@@ -387,22 +464,22 @@ def parse_config(data: dict) -> SweepConfig:
         raise ConfigError(f"workload names {names} give the same trial-id part; rename one")
     config = check_plan_size(SweepConfig(offsets=_offsets(data), devices=_devices(data), workloads=workloads, **kw))
     if config.devices.sim_per_host:
-        real = [w.name for w in config.workloads if not ENGINES[w.engine].simulated]
+        real = [w.name for w in config.workloads if not w.spec.simulated]
         if real:
             raise ConfigError(f"devices.sim_per_host: simulated devices run only simulated engines; workload(s) "
                               f"{', '.join(real)} use a real engine")
     _check_target_phases(config)
     for wl in config.workloads:  # before any trial: a cell the engine cannot run is a config error
-        lacking = [m for m in config.mechanisms if m not in ENGINES[wl.engine].mechanisms]
+        lacking = [m for m in config.mechanisms if m not in wl.spec.mechanisms]
         if lacking:
             raise ConfigError(f"workload {wl.name}: the {wl.engine} engine has no mechanism(s) "
-                              f"{', '.join(lacking)} (has: {', '.join(ENGINES[wl.engine].mechanisms)})")
+                              f"{', '.join(lacking)} (has: {', '.join(wl.spec.mechanisms)})")
     return config
 
 
 def trials_per_device(config: SweepConfig) -> int:
     """Planned trials on one device (references + cancels), as build_plan makes them."""
-    per_cell = max(config.offsets.cancels_per_cell(config.trials_per_cell, w.engine) for w in config.workloads)
+    per_cell = max(config.offsets.cancels_per_cell(config.trials_per_cell, w.spec) for w in config.workloads)
     per_workload = len(config.mechanisms) * (config.reference_runs + len(config.deliveries) * per_cell)
     return per_workload * len(config.workloads)
 
@@ -426,17 +503,18 @@ def with_trials(config: SweepConfig, trials_per_cell: int) -> SweepConfig:
 
 def thread_warnings(config: SweepConfig, n_cores: int) -> list[str]:
     """One line per workload asking for more llama.cpp threads than the host has cores."""
-    return [f"workload {w.name}: n_threads = {w.n_threads} is more than this host's {n_cores} cores; "
+    return [f"workload {w.name}: n_threads = {w.resolved_settings()['n_threads']} is more than this host's {n_cores} cores; "
             "llama.cpp threads will contend and every trial slows down"
-            for w in config.workloads if ENGINES[w.engine].needs_model and w.n_threads > n_cores]
+            for w in config.workloads if (w.resolved_settings().get("n_threads") or 0) > n_cores]
 
 
-def load_config(path: Path | None) -> SweepConfig:
-    """Read and validate a TOML sweep config; ``None`` gives the built-in default."""
+def load_config(path: Path | None, declare=None) -> SweepConfig:
+    """Read and validate a TOML sweep config; ``None`` gives the built-in default.
+    ``declare``: how to learn an external engine's declaration (see parse_config)."""
     if path is None:
         return DEFAULT_CONFIG
     data = load_toml(Path(path), "config file", MAX_CONFIG_BYTES, ConfigError)  # a bounded regular file
     try:
-        return parse_config(data)
+        return parse_config(data, declare)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None

@@ -18,11 +18,12 @@ STT_SAMPLE_RATE = 16_000  # Qwen3-ASR's audio encoder input
 
 def _check_input(workload: WorkloadSpec, item: dict, where: str) -> None:
     """Catch bad inputs before any trial: empty text, missing or non-16 kHz mono audio."""
-    if workload.engine in ("text", "tts"):
+    kind = workload.spec.declaration.input  # what the engine's run takes (its declaration)
+    if kind == "text":
         text = item.get("text")
         if not isinstance(text, str) or not text.strip():
             raise ConfigError(f"{where}: input {item['id']!r} has empty text")
-    elif workload.engine == "stt":
+    elif kind == "audio_path":
         import wave
 
         wav = item.get("wav")
@@ -38,7 +39,7 @@ def _check_input(workload: WorkloadSpec, item: dict, where: str) -> None:
             raise ConfigError(f"{where}: {path} is not a PCM WAV file ({exc})") from None
         if rate != STT_SAMPLE_RATE or channels != 1:
             raise ConfigError(f"{where}: {path} is {rate} Hz with {channels} channel(s); "
-                              f"the stt engine needs {STT_SAMPLE_RATE} Hz mono")
+                              f"the {workload.engine} engine needs {STT_SAMPLE_RATE} Hz mono")
 
 
 def load_inputs(workload: WorkloadSpec) -> list[dict]:

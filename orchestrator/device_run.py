@@ -181,7 +181,7 @@ class DeviceRun:
         """The typed request for the agent (the input resolved from the corpus)."""
         item = self.sweep.inputs[trial.workload][trial.input_id]
         wav_out = None
-        if trial.trial_kind == "reference" and self.workloads[trial.workload].engine == "tts":
+        if trial.trial_kind == "reference" and self.workloads[trial.workload].spec.keeps_audio:
             # An uncancelled synthesis is kept so a person can listen to it.
             wav_out = str((self.sweep.out_dir / "audio" / f"{trial.trial_id}.wav").resolve())
         return TrialRequest(

@@ -145,7 +145,7 @@ def build_plan(config: SweepConfig, devices: list[str], inputs: dict[str, list[s
                 continue
             wl_part = _id_part(wl.name)
             ids = inputs[wl.name]
-            phases = offsets.target_phases(wl.engine)
+            phases = offsets.target_phases(wl.spec)
             # References first (offsets need them) ...
             ref_id, ref_mech, ref_input = [], [], []
             for mech in config.mechanisms:
@@ -165,7 +165,7 @@ def build_plan(config: SweepConfig, devices: list[str], inputs: dict[str, list[s
                 for delivery in config.deliveries:
                     rin = _stream(in_seed, device, wl.name, mech, delivery)
                     roff = _stream(off_seed, device, wl.name, mech, delivery)
-                    n = offsets.cancels_per_cell(config.trials_per_cell, wl.engine)
+                    n = offsets.cancels_per_cell(config.trials_per_cell, wl.spec)
                     prefix = f"{dev_part}.{wl_part}.{mech}.{delivery}."
                     c_id += [f"{prefix}{k:04d}" for k in range(n)]
                     c_mech += [mech] * n
@@ -226,7 +226,7 @@ def planned_trials(config: SweepConfig, devices: list[str]) -> int:
         for wl in config.workloads:
             if wl.backends and backend not in wl.backends:
                 continue
-            per_cell = config.offsets.cancels_per_cell(config.trials_per_cell, wl.engine)
+            per_cell = config.offsets.cancels_per_cell(config.trials_per_cell, wl.spec)
             total += n_mech * (config.reference_runs + len(config.deliveries) * per_cell)
     return total
 

@@ -24,7 +24,6 @@ import ray
 from cancelbench import compaction
 from cancelbench import sink as sinks
 from cancelbench.datasets.locks import LockError, check_size, load_lock
-from cancelbench.device_agents.engines.registry import ENGINES
 from cancelbench.device_agents.model_check import ModelMismatchError, check_workload_files
 from cancelbench.fileio import write_atomic, write_json_atomic
 from cancelbench.schema import SCHEMA_VERSION
@@ -38,6 +37,11 @@ from .device_run import DeviceRun, DeviceWork, SweepContext, _unwrap, run_device
 from .plan import (PLAN_HASH, Plan, build_plan, legacy_plan_sha256, plan_sha256,
                    planned_trials)
 from .plan import plan_table as plan_table_of
+
+
+# The one input of engines that make their own work (declared input "none"); the probe's name
+# is older than this rule and kept, so the plans (and their hashes) of earlier sweeps stay put.
+SYNTHETIC_INPUT_IDS = {"probe": "busy"}
 
 
 class SweepInputError(ValueError):
@@ -76,7 +80,7 @@ def workload_payload(wl: WorkloadSpec, driver_sees_files: bool = False) -> dict:
     locks: dict = {}
     for key in ("model", "mmproj"):
         spec = getattr(wl, key)
-        if not spec or not ENGINES[wl.engine].needs_model:
+        if not spec or not wl.spec.needs_model:
             continue
         if spec.startswith("fixture:"):
             from cancelbench.datasets.fixtures import fixture_lock_entries
@@ -94,7 +98,7 @@ def workload_payload(wl: WorkloadSpec, driver_sees_files: bool = False) -> dict:
         e = entries[path.name]
         locks[path.name] = {"size": e.size, "sha256": e.sha256, "source": e.source}
     payload["locks"] = locks
-    if not ENGINES[wl.engine].needs_model:
+    if not wl.spec.needs_model:
         payload.pop("model", None)
         payload.pop("mmproj", None)
     return payload
@@ -145,8 +149,8 @@ class Sweep:
     def _validate(self) -> tuple[dict, dict, dict]:
         inputs = {}
         for wl in self.config.workloads:
-            items = (load_inputs(wl) if ENGINES[wl.engine].needs_model else  # probe, sim: one synthetic input
-                     [{"id": "busy" if wl.engine == "probe" else wl.engine, "text": ""}])
+            items = (load_inputs(wl) if wl.spec.declaration.input != "none" else  # one synthetic input
+                     [{"id": SYNTHETIC_INPUT_IDS.get(wl.engine, wl.engine), "text": ""}])
             inputs[wl.name] = {str(it["id"]): it for it in items}
         try:
             local = not (self.address or os.environ.get("RAY_ADDRESS"))
@@ -154,7 +158,8 @@ class Sweep:
             payloads = {wl.name: {"seed": self.config.seed, **workload_payload(wl, driver_sees_files=local)}
                         for wl in self.config.workloads}
             for wl in self.config.workloads:  # architecture vs engine, for the files this driver sees
-                check_workload_files(wl.engine, {"model": wl.model, "mmproj": wl.mmproj}, local)
+                if not wl.spec.external:  # an external engine's models are its own business
+                    check_workload_files(wl.engine, {"model": wl.model, "mmproj": wl.mmproj}, local)
         except (LockError, ModelMismatchError) as exc:
             raise SweepInputError(str(exc)) from None
         manifest_path = self.out_dir / sinks.MANIFEST
@@ -191,7 +196,7 @@ class Sweep:
             raise SweepInputError(f"the plan has {n_planned} trials on {len(slots)} device(s), more than "
                                   f"{MAX_PLAN_TRIALS} (the most a sweep allows); lower sweep.trials_per_cell, select fewer "
                                   "devices ([devices]) or split the sweep")
-        n_threads = max(w.n_threads for w in self.config.workloads)
+        n_threads = max(w.resolved_settings().get("n_threads") or 1 for w in self.config.workloads)
         sweep_id = existing.get("sweep_id") or f"sw-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         # Named, so an operator (or a test) can find a sweep's agents: cancelbench/<sweep>/<host>/<device>.
         agents = {s.key: cluster.start_agent(s, n_threads, self.max_restarts, name=f"{sweep_id}/{s.key}")

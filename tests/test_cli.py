@@ -62,7 +62,7 @@ def locked_model(tmp_path, small_text_model):
 
 
 BAD_CONFIGS = {
-    "unknown mechanism": ('[sweep]\nmechanisms = ["between_calls", "telepathy"]\n', "unknown value 'telepathy'"),
+    "unknown mechanism": ('[sweep]\nmechanisms = ["between_calls", "telepathy"]\n', "has no mechanism(s) telepathy"),
     "negative offsets": ('[offsets]\nplan = "fixed"\nfixed_ms = [10, -5]\n', "must be finite and >= 0"),
     "malformed toml": ('[sweep\nseed = 1\n', "malformed TOML"),
     "unknown backend": ('[devices]\nbackends = ["tpu"]\n', "unknown value 'tpu'"),

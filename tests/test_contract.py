@@ -66,7 +66,7 @@ TEXT = WorkloadSpec(name="text-slice", model="fixture:text-llama-57m", prompt_to
                     n_batch=64, chunk_tokens=16, graph_slice_us=700)
 TTS = WorkloadSpec(name="tts-sampling", engine="tts", model="fixture:qwen3tts-fixture",
                    mmproj="fixture:qwen3tts-fixture", inputs="tts_texts", n_threads=1, n_batch=16, chunk_tokens=4,
-                   use_extra_bufts=False, extra={"max_frames": 2, "temp": 0.7, "top_k": 17, "seed": 4242})
+                   use_extra_bufts=False, max_frames=2, temp=0.7, top_k=17, seed=4242)
 
 
 def test_records_carry_every_setting_and_offsets_run_from_the_hand_back(local_ray, tmp_path):

@@ -45,7 +45,7 @@ def test_a_phase_plan_aims_only_at_the_phases_asked_for():
         plan_rows = build_plan(config, ["vm/cpu:0"], {"tts": ["x"]})
         cancels = [t for t in plan_rows if t.trial_kind == "cancel"]
         assert sorted(t.target_phase for t in cancels) == ["code2wav"] * 3 + ["prompt"] * 3, plan
-        assert offsets.target_phases("tts") == ("prompt", "code2wav")  # run order, whatever the config's order
+        assert offsets.target_phases(tts.spec) == ("prompt", "code2wav")  # run order, whatever the config's order
         assert config.offset_settings("cancel")["offset_phases_json"] == '["code2wav", "prompt"]'
 
 

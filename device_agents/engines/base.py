@@ -39,8 +39,8 @@ class LlamaSettings:
     def from_workload(cls, workload: dict, *, n_batch: int, chunk_tokens: int, n_ctx: int = 2048) -> LlamaSettings:
         """Workload values over the engine's defaults; sizes must be >= 1."""
         n_batch = int(workload.get("n_batch", n_batch))
-        s = cls(n_threads=int(workload.get("n_threads", 2)), n_ctx=int(workload.get("n_ctx", n_ctx)),
-                n_batch=n_batch, n_ubatch=int(workload.get("n_ubatch", n_batch)),
+        s = cls(n_threads=int(workload.get("n_threads", 2)), n_ctx=int(workload.get("n_ctx") or n_ctx),
+                n_batch=n_batch, n_ubatch=int(workload.get("n_ubatch") or n_batch),
                 chunk_tokens=int(workload.get("chunk_tokens", chunk_tokens)),
                 n_gpu_layers=int(workload.get("n_gpu_layers", 0)),
                 use_extra_bufts=bool(workload.get("use_extra_bufts", True)))

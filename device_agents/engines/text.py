@@ -43,11 +43,11 @@ class TextEngine(LlamaEngine):
     def __init__(self, workload: dict) -> None:
         super().__init__(workload)
         self.n_batch = int(workload.get("n_batch", 256))
-        self.n_ubatch = int(workload.get("n_ubatch", self.n_batch))
+        self.n_ubatch = int(workload.get("n_ubatch") or self.n_batch)
         self.chunk_tokens = int(workload.get("chunk_tokens", 32))
         self.max_tokens = int(workload.get("max_tokens", 16))
         self.prompt_tokens = int(workload.get("prompt_tokens", 256))
-        self.n_ctx = int(workload.get("n_ctx", max(512, self.prompt_tokens + self.max_tokens + 8)))
+        self.n_ctx = int(workload.get("n_ctx") or max(512, self.prompt_tokens + self.max_tokens + 8))
         self.n_threads = int(workload.get("n_threads", 2))
         self.n_gpu_layers = int(workload.get("n_gpu_layers") or 0)
         self.use_extra_bufts = bool(workload.get("use_extra_bufts", True))

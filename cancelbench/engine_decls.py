@@ -1,0 +1,120 @@
+"""The built-in engines' declarations and the mechanisms they implement: pure data.
+
+One home for what each built-in engine declares (phases, mechanisms, settings with
+type, default and bounds: ``cancelbench.sut.declaration``), the same objects an
+external engine sends as its hello. Config validation, the record's settings
+columns (``cancelbench.schema``), the agent's engines and docs/cli.md's settings
+tables read them here. Imports neither Ray, llama.cpp nor the device agents, so the
+schema and the reports can use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cancelbench.sut.declaration import Declaration, MechanismInfo, Phase, Setting
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """How a cancel reaches the engine. Every mechanism checks the cancel flag
+    before and after each native call (``CancelControl.call``); the flags say
+    what it arms on top of that."""
+
+    name: str
+    abort_callback: bool = False  # the native abort reader on every llama context (llama_set_abort_callback)
+    eval_hook: bool = False  # every graph runs on contexts whose scheduler polls the native eval reader
+    chunked: bool = False  # prompt/prefill decoded in chunk_tokens batches instead of n_batch
+    reaches: str = ""  # what it can stop inside, for docs and reports
+
+    def prompt_step(self, n_batch: int, chunk_tokens: int) -> int:
+        """Tokens per prompt decode under this mechanism."""
+        return chunk_tokens if self.chunked else n_batch
+
+
+MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
+    Mechanism("between_calls", reaches="nothing inside a native call: the flag between calls"),
+    Mechanism("abort_callback", abort_callback=True,
+              reaches="llama_decode on backends that poll ggml's abort callback (upstream: CPU only); "
+                      "not clip graphs"),
+    Mechanism("chunked", chunked=True, reaches="nothing inside a call; shorter prompt calls"),
+    Mechanism("graph_eval", eval_hook=True,
+              reaches="every graph (llama_decode, clip encode, code predictor, code2wav) on every backend, "
+                      "between node ranges of about graph_slice_us"),
+)}
+MECHANISM_NAMES = tuple(MECHANISMS)
+
+# Settings, declared once (cancelbench.sut.declaration.Setting): config validation, the record's
+# settings columns (cancelbench.schema) and docs/cli.md's tables are derived from these.
+MAX_INT32 = 2**31 - 1
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
+MAX_DURATION_US = 3_600_000_000  # one hour
+MAX_SIM_US = 600_000_000  # sim engine: a phase's wait, ten minutes
+MAX_SIM_STEPS = 100_000
+MAX_SEED = 2**62 - 1
+
+
+def _llama_settings(n_batch: int, chunk_tokens: int) -> tuple[Setting, ...]:
+    return (
+        Setting("n_threads", "int", 2, 1, MAX_THREADS, "llama.cpp threads"),
+        Setting("n_ctx", "int", 0, 0, MAX_INT32, "context size; 0: the engine's own size"),
+        Setting("n_batch", "int", n_batch, 1, MAX_INT32, "llama n_batch (tokens per prompt decode)"),
+        Setting("n_ubatch", "int", None, 1, MAX_INT32, "llama n_ubatch; default n_batch, at most n_batch"),
+        Setting("chunk_tokens", "int", chunk_tokens, 1, MAX_INT32, "chunked mechanism: tokens per prompt chunk"),
+        Setting("n_gpu_layers", "int", None, -1, MAX_INT32,
+                "layers offloaded to the device; default all on GPU devices, none on CPU"),
+        Setting("use_extra_bufts", "bool", True, doc="llama.cpp weight repacking into extra CPU buffer types "
+                "(AMX tiles on x86, ...); false where a host faults in it"),
+        Setting("graph_slice_us", "int", None, 0, MAX_DURATION_US,
+                "graph_eval: eval-reader work per synchronized node range, us (0: every node; default 2000)"),
+    )
+
+
+_LLAMA_MECHANISMS = tuple(MechanismInfo(m.name, m.reaches) for m in MECHANISMS.values())
+
+
+def _declare(name: str, phases: tuple[str, ...], settings: tuple[Setting, ...], *, input: str = "text",
+             step_phases: tuple[str, ...] | None = None) -> Declaration:
+    steps = set(step_phases if step_phases is not None else phases)
+    return Declaration(name=f"cancelbench-{name}", version=_version(), input=input,
+                       phases=tuple(Phase(p, p in steps) for p in phases),
+                       mechanisms=_LLAMA_MECHANISMS, settings=settings)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("cancelbench")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+DECLARATIONS: dict[str, Declaration] = {
+    "text": _declare("text", ("prefill", "generate"), _llama_settings(256, 32) + (
+        Setting("prompt_tokens", "int", 256, 1, MAX_INT32, "prompt tokenized, repeated/trimmed to exactly this"),
+        Setting("max_tokens", "int", 16, 1, MAX_INT32, "generated tokens"),
+    )),
+    "tts": _declare("tts", ("set_input", "prompt", "generate", "code2wav", "output"), _llama_settings(256, 32) + (
+        Setting("max_tokens", "int", 16, 1, MAX_INT32, "frame cap when max_frames is not given"),
+        Setting("max_frames", "int", None, 1, MAX_INT32, "frame cap of one synthesis; default max_tokens"),
+        Setting("lang", "string", None, doc="language (default: the corpus item's, else en)"),
+        Setting("top_k", "int", None, 1, MAX_INT32, "sampling top-k (default 50)"),
+        Setting("temp", "float", None, 0.0, 100.0, "sampling temperature (default 0.9)", width="float64"),
+        Setting("seed", "int", None, 0, MAX_SEED, "sampler seed (default: the sweep's seed)",
+                column="sampling_seed", width="int64"),
+    ), step_phases=("set_input", "prompt", "generate", "code2wav")),  # output steps only without a window left
+    "stt": _declare("stt", ("preprocess", "prefill", "encode", "decode_embd", "generate"), _llama_settings(256, 32) + (
+        Setting("max_tokens", "int", 16, 1, MAX_INT32, "generated tokens"),
+        Setting("system_prompt", "string", None, doc="system prompt (default none)"),
+    ), input="audio_path"),
+    "probe": _declare("probe", ("busy",), (
+        Setting("duration_us", "int", 200_000, 1, MAX_DURATION_US, "busy-loop duration, us", width="int64"),
+        Setting("period_us", "int", 1_000, 1, MAX_DURATION_US, "token check period, us", width="int64"),
+    ), input="none"),
+    "sim": _declare("sim", ("prefill", "generate"), (
+        Setting("sim_phase_us", "int", 20_000, 1, MAX_SIM_US, "each phase's wait, us", width="int64"),
+        Setting("sim_granularity_us", "int", 1_000, 1, MAX_SIM_US,
+                "in-wait mechanisms check the token this often, us", width="int64"),
+        Setting("sim_steps", "int", 4, 1, MAX_SIM_STEPS, "native waits in generate (and in chunked prefill)"),
+    ), input="none"),
+}
