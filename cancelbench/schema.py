@@ -146,7 +146,7 @@ _FIELDS: list[tuple] = [
     ("mmproj", _STR, "settings", "multimodal projector file name (tts/stt), else null"),
     ("corpus", _STR, "settings", "input corpus name (datasets/corpora/<name>.jsonl) or path"),
     *_ENGINE_SETTING_FIELDS,  # every built-in engine setting, from the engines' declarations
-    ("engine_settings_json", _STR, "settings", "every setting of the trial's engine, the config's value or the declared default, with the values the engine chose itself (`loaded.settings` of an external engine), JSON {name: value}"),
+    ("engine_settings_json", _STR, "settings", "external engines: every setting the engine declared, the config's value or the declared default, with the values the engine chose itself (`loaded.settings` of an external engine), JSON {name: value}"),
     ("reference_runs", _I32, "settings", "reference runs per device/workload/mechanism (the reference run is their median)"),
     ("offset_max_fraction", _F64, "settings", "uniform plan: offsets drawn over [0, this) of the reference duration"),
     ("offset_min_per_phase", _I32, "settings", "phase plan: cancels aimed at each phase, at least"),
@@ -351,7 +351,10 @@ def finalize(record: TrialRecord) -> dict:
     """Classify the outcome and derive every ``*_ms`` column: the row the sink writes."""
     row = as_row(record)
     row["schema_version"] = SCHEMA_VERSION
-    row["outcome"] = classify_outcome(row["outcome"], row["t_received_ns"], row["t_terminal_ns"])
+    # An external engine says when it read the cancel (docs/sut-protocol.md): a cancel still in the pipe
+    # when it completed was never its to drop; one it read and then completed anyway was dropped.
+    received = row["t_engine_received_ns"] if row["engine"] == "external" else row["t_received_ns"]
+    row["outcome"] = classify_outcome(row["outcome"], received, row["t_terminal_ns"])
     return derive(row)
 
 

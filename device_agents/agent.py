@@ -195,7 +195,7 @@ class DeviceAgent:
         if key != self._engine_key:
             from cancelbench import native
 
-            from .engines.registry import engine_spec
+            from .engines.registry import EXTERNAL, engine_spec
             from .models import resolve_models
 
             if self._engine is not None:
@@ -203,7 +203,11 @@ class DeviceAgent:
                 self._engine, self._engine_key, self._model_sha256 = None, None, None
             t0 = native.now_ns()
             verified = resolve_models(workload)
-            self._engine = engine_spec(workload.get("engine", "text")).make(verified)
+            if workload.get("engine") == EXTERNAL:  # a team's engine, out of process (docs/sut-protocol.md)
+                from .engines.external import ExternalEngine
+                self._engine = ExternalEngine(verified)
+            else:
+                self._engine = engine_spec(workload.get("engine", "text")).make(verified)
             self._engine_key = key
             self._model_sha256 = verified.get("model_sha256")
             return {"loaded": True, "load_ms": (native.now_ns() - t0) / 1e6, **self._describe()}
@@ -268,8 +272,20 @@ class DeviceAgent:
             columns.update(ctl.at_receipt, t_received_ns=ctl.received_ns,
                            t_native_returned_ns=ctl.native_returned_ns,
                            t_native_observed_ns=ctl.token.seen_ns or None)  # the token the engine armed
-        return agent_half(trial_id=trial_id, t_handback_ns=t_handback, abort_polls=ctl.token.polls,
-                          model_sha256=self._model_sha256, **self._meta_columns(), **columns)
+        columns = {"abort_polls": ctl.token.polls, **self._meta_columns(), **columns, **self._engine_columns()}
+        return agent_half(trial_id=trial_id, t_handback_ns=t_handback, model_sha256=self._model_sha256, **columns)
+
+    def _engine_columns(self) -> dict:
+        """Who the engine is (its declaration); an out-of-process engine adds its own stamps,
+        counters and stderr of the trial (ExternalEngine.trial_columns)."""
+        engine = self._engine
+        if engine is None:
+            return {}
+        if hasattr(engine, "trial_columns"):
+            return engine.trial_columns()
+        from cancelbench.engine_decls import DECLARATIONS
+        decl = DECLARATIONS.get(engine.kind)
+        return {} if decl is None else {"engine_name": decl.name, "engine_version": decl.version}
 
     def _fire(self, trial_id: str, due_ns: int, scheduled: dict) -> None:
         """Agent delivery: the timer thread issues the cancel (its due time recorded)."""
@@ -281,10 +297,9 @@ class DeviceAgent:
 
     @property
     def _step_calls(self) -> frozenset[str]:
-        if self._engine is None:
-            return frozenset()
-        from .engines.registry import engine_spec
-        return engine_spec(self._engine.kind).step_calls
+        from .engines.registry import ENGINES
+        spec = ENGINES.get(getattr(self._engine, "kind", None))
+        return frozenset() if spec is None else spec.step_calls  # an external engine announces its steps
 
     def _run_engine(self, request: TrialRequest, ctl) -> dict:
         """The engine's result as record columns; an exception becomes an ``error`` record."""

@@ -198,8 +198,9 @@ def trial_settings(config: SweepConfig, workload: WorkloadSpec, trial_kind: str,
     parameters and the engine's effective values (``described``, from load)."""
     cols = {**workload.settings_columns(), **config.offset_settings(trial_kind)}
     cols.update({k: v for k, v in described.items() if k in SETTINGS_COLUMNS and k not in cols})
-    effective = {**workload.resolved_settings(), **(described.get("engine_settings") or {})}
-    cols["engine_settings_json"] = json.dumps(effective, sort_keys=True, default=str)
+    if workload.engine == EXTERNAL:  # a built-in engine's settings are typed columns of their own
+        effective = {**workload.resolved_settings(), **(described.get("engine_settings") or {})}
+        cols["engine_settings_json"] = json.dumps(effective, sort_keys=True, default=str)
     return cols
 
 
@@ -297,7 +298,12 @@ def _workload(raw: dict, i: int, declare=None) -> WorkloadSpec:
         if declare is None:
             raise ConfigError(f"{where}: an external engine is checked against its hello; "
                               "load this config with `cancelbench sweep` (which starts the engine once)")
-        spec = dataclasses.replace(spec, declaration=declare(spec))
+        try:
+            spec = dataclasses.replace(spec, declaration=declare(spec))
+        except ConfigError:
+            raise
+        except Exception as exc:  # cancelbench.sut.client.EngineError: one line
+            raise ConfigError(f"{where}: {exc}") from None
         try:
             spec.resolved_settings()
         except SettingError as exc:
@@ -508,7 +514,15 @@ def thread_warnings(config: SweepConfig, n_cores: int) -> list[str]:
             for w in config.workloads if (w.resolved_settings().get("n_threads") or 0) > n_cores]
 
 
-def load_config(path: Path | None, declare=None) -> SweepConfig:
+def preflight(workload: WorkloadSpec) -> Declaration:
+    """An external engine's declaration: start its command once here, read its hello, shut it down."""
+    from cancelbench.sut.client import declare
+
+    return declare(list(workload.command), cwd=workload.cwd, env=dict(workload.env),
+                   startup_timeout_s=workload.startup_timeout_s)
+
+
+def load_config(path: Path | None, declare=preflight) -> SweepConfig:
     """Read and validate a TOML sweep config; ``None`` gives the built-in default.
     ``declare``: how to learn an external engine's declaration (see parse_config)."""
     if path is None:

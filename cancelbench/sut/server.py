@@ -514,8 +514,15 @@ def serve(engine: Engine, *, stdin=None, stdout=None, eof_grace_s: float | None 
     return make_server(engine, stdin=stdin, stdout=stdout, eof_grace_s=eof_grace_s).serve()
 
 
+# How long the stdin thread may wait for the GIL while the engine's thread runs Python between
+# its native calls (Python's default is 5 ms): a cancel or a ping read then would wait that long,
+# a delay of the Python wrapper, not of the engine. The agent runs at the same interval.
+SWITCH_INTERVAL_S = 0.0001
+
+
 def main(engine: Engine) -> None:
     """``serve`` on the process's stdin/stdout, then exit with its status."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     code = serve(engine)
     _flush_stderr()
     os._exit(code)

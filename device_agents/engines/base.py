@@ -117,6 +117,16 @@ class CancelControl:
         self.step_delay: Callable[[int], None] | None = None  # (the step call's start, agent ns)
         self._in_flight_at_receipt = False
         self._closed = False
+        # An out-of-process engine's forwarder (engines/external.py): called, under the lock,
+        # when a cancel is taken, so the cancel reaches the engine process.
+        self._forward: Callable[[], None] | None = None
+
+    def attach(self, forward: Callable[[], None] | None) -> bool:
+        """Forward every cancel taken from now on with ``forward()`` (None: stop). Returns
+        whether a cancel was already taken (latched before the run): the caller forwards it."""
+        with self._lock:
+            self._forward = forward
+            return self.requested
 
     def request(self, received_ns: int) -> bool:
         """Record the cancel and set both flags. Returns False if already requested, or
@@ -132,6 +142,11 @@ class CancelControl:
             # flag set when it returns (its half-computed outputs are never used).
             self.requested = True
             self.token.set()
+            if self._forward is not None:
+                try:
+                    self._forward()
+                except Exception:  # the engine is gone: its trial ends with the error it sees
+                    pass
             return True
 
     def close(self) -> tuple[bool, int]:

@@ -1,0 +1,331 @@
+"""The agent's side of the engine protocol (docs/sut-protocol.md): start an engine
+process, read its hello, check its clock, talk to it, supervise it.
+
+One :class:`EngineProcess` per engine process: the process is the leader of its own
+process group (a new session); a reader thread turns its stdout into validated
+messages on a queue (each stamped with the agent's clock when read), another keeps
+its stderr (bounded); a reaper process (``python -m cancelbench.sut.reaper``) kills
+the group if the agent itself dies without closing it. Used by the agent
+(``device_agents/engines/external.py``), the driver's pre-flight (:func:`declare`)
+and ``cancelbench sut-check``.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+
+from cancelbench import native
+
+from .declaration import Declaration
+from .protocol import ENGINE_TYPES, MAX_LINE_BYTES, ProtocolError, decode, encode
+
+CLOCK_PINGS = 8
+STDERR_KEEP = 8192  # bytes of stderr a record keeps (the last ones)
+SHUTDOWN_GRACE_S, TERM_GRACE_S = 5.0, 2.0
+
+
+class EngineError(RuntimeError):
+    """The engine could not be started or broke the protocol; one line says how."""
+
+
+@dataclass(frozen=True)
+class ClockCheck:
+    """How the engine's timestamps relate to the agent's clock."""
+
+    same: bool
+    offset_ns: int  # engine minus agent
+    uncertainty_ns: int
+
+    def to_agent(self, t_ns: int) -> int:
+        return t_ns - self.offset_ns
+
+    def columns(self) -> dict:
+        return {"engine_clock": "same" if self.same else "estimated", "engine_clock_offset_ns": self.offset_ns,
+                "engine_clock_uncertainty_ns": self.uncertainty_ns}
+
+
+@dataclass(frozen=True)
+class Received:
+    """One line from the engine: the message (None at end of stream), or what was wrong with it."""
+
+    msg: dict | None
+    t_read_ns: int
+    error: ProtocolError | None = None
+
+
+def describe_exit(rc: int | None) -> str:
+    if rc is None:
+        return "still running"
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
+class EngineProcess:
+    def __init__(self, command: list[str], *, cwd: str | None = None, env: dict | None = None,
+                 startup_timeout_s: float = 30.0, answer_timeout_s: float = 10.0) -> None:
+        self.command, self.cwd, self.env = list(command), cwd, dict(env or {})
+        self.startup_timeout_s, self.answer_timeout_s = startup_timeout_s, answer_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.messages: queue.Queue[Received] = queue.Queue()
+        self.declaration: Declaration | None = None
+        self.clock = ClockCheck(True, 0, 0)
+        self._stderr = bytearray()
+        self._stderr_dropped = 0
+        self._stderr_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._ping_id = 0
+        self._reaper: subprocess.Popen | None = None
+        self.broken: str | None = None  # set once the stream can no longer be trusted
+
+    # -- start ---------------------------------------------------------------
+    def start(self) -> Declaration:
+        """Start the process, read its hello, check its clock. EngineError (one line) on failure;
+        the process is gone then."""
+        try:
+            self.proc = subprocess.Popen(
+                self.command, cwd=self.cwd, env={**os.environ, **self.env}, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, bufsize=0)
+        except (OSError, ValueError) as exc:
+            raise EngineError(f"cannot start the engine {self.command[0]!r}: {exc.strerror or exc}") from None
+        self._start_reaper()
+        threading.Thread(target=self._read_stdout, name="engine-stdout", daemon=True).start()
+        threading.Thread(target=self._read_stderr, name="engine-stderr", daemon=True).start()
+        try:
+            first = self._next(self.startup_timeout_s, "its hello")
+            if first.msg.get("type") != "hello":
+                raise EngineError(f"the engine's first line must be a hello, got a {first.msg.get('type')!r} message")
+            try:
+                self.declaration = Declaration.from_hello(first.msg)
+            except ProtocolError as exc:
+                raise EngineError(str(exc)) from None
+            self.clock = self._check_clock()
+        except BaseException:
+            self.kill()
+            raise
+        return self.declaration
+
+    def _start_reaper(self) -> None:
+        """A small process that kills the engine's group if this process dies without closing it."""
+        try:
+            self._reaper = subprocess.Popen([sys.executable, "-m", "cancelbench.sut.reaper", str(self.proc.pid)],
+                                            stdin=subprocess.PIPE, start_new_session=True,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError:
+            self._reaper = None
+
+    def _check_clock(self) -> ClockCheck:
+        same, best = True, None
+        for _ in range(CLOCK_PINGS):
+            sent = native.now_ns()
+            pong = self.ping()
+            back = native.now_ns()
+            t = pong.msg["t"]
+            same = same and sent <= t <= back
+            if best is None or back - sent < best[0]:
+                best = (back - sent, t - (sent + back) // 2)
+        if same:
+            return ClockCheck(True, 0, 0)
+        return ClockCheck(False, best[1], best[0] // 2)
+
+    def ping(self, timeout_s: float | None = None) -> Received:
+        """A ping and its pong (other messages meanwhile are an error: only between trials)."""
+        self._ping_id += 1
+        self.send({"type": "ping", "id": self._ping_id, "t": native.now_ns()})
+        got = self._next(timeout_s or self.answer_timeout_s, "a pong")
+        if got.msg.get("type") != "pong" or got.msg.get("id") != self._ping_id:
+            raise EngineError(f"expected pong {self._ping_id}, got {got.msg.get('type')!r} "
+                              f"{got.msg.get('id', '')!r}")
+        return got
+
+    def load(self, models: dict, settings: dict) -> dict:
+        """``load``; the effective settings the engine reports (``loaded.settings``)."""
+        self.send({"type": "load", "models": models, "settings": settings})
+        got = self._next(max(self.startup_timeout_s, self.answer_timeout_s), "loaded")
+        if got.msg.get("type") == "error":
+            raise EngineError(f"the engine could not load: {' '.join(str(got.msg.get('message')).split())[:500]}")
+        if got.msg.get("type") != "loaded":
+            raise EngineError(f"expected loaded, got a {got.msg.get('type')!r} message")
+        return dict(got.msg.get("settings") or {})
+
+    # -- talking -------------------------------------------------------------
+    def send(self, msg: dict) -> int:
+        """Write one message; the agent's clock after the write. EngineError if the engine is gone."""
+        line = encode(msg)
+        with self._write_lock:
+            try:
+                self.proc.stdin.write(line)
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError, AttributeError):
+                raise EngineError(f"the engine stopped reading its stdin ({self.exit_description()})") from None
+            return native.now_ns()
+
+    def _next(self, timeout_s: float, waiting_for: str) -> Received:
+        """The next message; EngineError on timeout, end of stream or a bad line."""
+        try:
+            got = self.messages.get(timeout=timeout_s)
+        except queue.Empty:
+            raise EngineError(f"the engine said nothing for {timeout_s:g} s while cancelbench waited for "
+                              f"{waiting_for}{self.stderr_hint()}") from None
+        return self.check(got, waiting_for)
+
+    def check(self, got: Received, waiting_for: str) -> Received:
+        if got.error is not None:
+            self.broken = str(got.error)
+            raise EngineError(f"the engine wrote {got.error}")
+        if got.msg is None:
+            self.broken = "stdout closed"
+            raise EngineError(f"the engine closed its stdout while cancelbench waited for {waiting_for} "
+                              f"({self.exit_description(wait_s=1.0)}){self.stderr_hint()}")
+        return got
+
+    def _read_stdout(self) -> None:
+        stream = self.proc.stdout
+        while True:
+            try:
+                line = stream.readline(MAX_LINE_BYTES + 1)
+            except (OSError, ValueError):
+                line = b""
+            now = native.now_ns()
+            if not line:
+                self.messages.put(Received(None, now))
+                return
+            if len(line) > MAX_LINE_BYTES or not line.endswith(b"\n") and len(line) == MAX_LINE_BYTES + 1:
+                self.messages.put(Received(None, now, ProtocolError("a line of over 1 MiB (the protocol's limit)")))
+                return  # the framing is lost: nothing after it can be trusted
+            try:
+                kind = _peek_type(line)
+                if kind is not None and kind not in ENGINE_TYPES:
+                    continue  # a message type of a later protocol revision: ignored (forward compatible)
+                self.messages.put(Received(decode(line, ENGINE_TYPES), now))
+            except ProtocolError as exc:
+                self.messages.put(Received(None, now, exc))
+
+    def _read_stderr(self) -> None:
+        stream = self.proc.stderr
+        while True:
+            try:
+                chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+            except (OSError, ValueError):
+                return
+            if not chunk:
+                return
+            with self._stderr_lock:
+                self._stderr += chunk
+                if len(self._stderr) > STDERR_KEEP:
+                    cut = len(self._stderr) - STDERR_KEEP
+                    self._stderr_dropped += cut
+                    del self._stderr[:cut]
+
+    def take_stderr(self) -> str | None:
+        """What the engine wrote to stderr since the last call (its last 8 KiB), or None."""
+        with self._stderr_lock:
+            data, dropped = bytes(self._stderr), self._stderr_dropped
+            self._stderr.clear()
+            self._stderr_dropped = 0
+        if not data and not dropped:
+            return None
+        head = f"[{dropped} earlier bytes not kept]\n" if dropped else ""
+        return head + data.decode("utf-8", "replace")
+
+    def stderr_hint(self) -> str:
+        with self._stderr_lock:
+            tail = bytes(self._stderr[-300:]).decode("utf-8", "replace")
+        tail = " | ".join(line.strip() for line in tail.strip().splitlines()[-3:])
+        return f"; its stderr: {tail}" if tail else ""
+
+    # -- ending --------------------------------------------------------------
+    def exit_description(self, wait_s: float = 0.0) -> str:
+        if self.proc is None:
+            return "not started"
+        try:
+            rc = self.proc.wait(timeout=wait_s) if wait_s else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            rc = None
+        return describe_exit(rc)
+
+    def close(self) -> int | None:
+        """``shutdown``, then SIGTERM and SIGKILL to the group if it lingers; the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                self.send({"type": "shutdown"})
+                self.proc.stdin.close()
+            except (EngineError, OSError, ValueError):
+                pass
+            try:
+                self.proc.wait(timeout=SHUTDOWN_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+        return self.kill()
+
+    def kill(self) -> int | None:
+        """Whatever is left of the engine's process group: SIGTERM, then SIGKILL."""
+        if self.proc is None:
+            return None
+        pgid = self.proc.pid  # the leader of its own session and group
+        for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, TERM_GRACE_S)):
+            if self.proc.poll() is not None and not _group_alive(pgid):
+                break
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                stream.close()
+            except (OSError, ValueError):
+                pass
+        if self._reaper is not None:
+            try:
+                self._reaper.stdin.close()  # the reaper finds the group gone and exits
+            except OSError:
+                pass
+            try:
+                self._reaper.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+            self._reaper = None
+        return self.proc.poll()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _peek_type(line: bytes) -> str | None:
+    import json
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None
+    kind = msg.get("type") if isinstance(msg, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def declare(command: list[str], *, cwd: str | None = None, env: dict | None = None,
+            startup_timeout_s: float = 30.0) -> Declaration:
+    """Start the engine once, read its hello, shut it down: the driver's pre-flight."""
+    engine = EngineProcess(command, cwd=cwd, env=env, startup_timeout_s=startup_timeout_s)
+    try:
+        return engine.start()
+    finally:
+        engine.close()
