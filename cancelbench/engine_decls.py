@@ -118,3 +118,35 @@ DECLARATIONS: dict[str, Declaration] = {
         Setting("sim_steps", "int", 4, 1, MAX_SIM_STEPS, "native waits in generate (and in chunked prefill)"),
     ), input="none"),
 }
+
+
+DOCS_BEGIN = "<!-- engine settings: generated from cancelbench/engine_decls.py by `python -m cancelbench.engine_decls` -->"
+DOCS_END = "<!-- end of engine settings -->"
+
+
+def settings_markdown() -> str:
+    """docs/cli.md's settings tables, one per built-in engine, between DOCS_BEGIN and DOCS_END."""
+    from cancelbench.sut.declaration import render_settings_table
+
+    parts = [DOCS_BEGIN]
+    for name, decl in DECLARATIONS.items():
+        phases = ", ".join(f"`{p.name}`" for p in decl.phases)
+        parts.append(render_settings_table(decl, f"engine = \"{name}\"") +
+                     f"\n\nPhases: {phases}; input: {decl.input}.")
+    parts.append(DOCS_END)
+    return "\n\n".join(parts) + "\n"
+
+
+def update_docs(path) -> None:
+    """Rewrite the generated block of ``path`` (docs/cli.md) in place."""
+    from pathlib import Path
+
+    text = Path(path).read_text()
+    start, end = text.index(DOCS_BEGIN), text.index(DOCS_END) + len(DOCS_END) + 1
+    Path(path).write_text(text[:start] + settings_markdown() + text[end:])
+
+
+if __name__ == "__main__":
+    import sys
+
+    update_docs(sys.argv[1] if len(sys.argv) > 1 else "docs/cli.md")

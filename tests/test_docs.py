@@ -62,3 +62,49 @@ def test_relative_links_point_at_files():
 def test_link_pattern_finds_links():
     assert _links("see [the schema](docs/schema.md#columns) and ![shot](a.png \"t\")\n"
                   "```\n[not](a link)\n```") == ["docs/schema.md#columns", "a.png"]
+
+
+def test_cli_settings_tables_are_generated_from_the_engines_declarations():
+    """docs/cli.md's settings tables are the built-in engines' declarations, rendered:
+    a setting added to a declaration and not rendered into the docs fails here."""
+    from cancelbench.engine_decls import DOCS_BEGIN, DOCS_END, settings_markdown
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    block = text[text.index(DOCS_BEGIN):text.index(DOCS_END) + len(DOCS_END)] + "\n"
+    assert block == settings_markdown(), "run: .venv/bin/python -m cancelbench.engine_decls docs/cli.md"
+
+
+def test_a_setting_added_to_a_declaration_reaches_validation_the_record_and_the_docs():
+    """The one declaration drives everything: a new setting (added in a fresh interpreter
+    before anything reads the declarations) is a config key with its bounds, a typed
+    record column, and a row of the docs table, with no other file edited."""
+    import subprocess
+    import sys
+
+    code = """
+import dataclasses
+import cancelbench.engine_decls as d
+from cancelbench.sut.declaration import Setting
+new = Setting("draft_tokens", "int", 4, 1, 64, "speculative draft length")
+d.DECLARATIONS["text"] = dataclasses.replace(d.DECLARATIONS["text"], settings=d.DECLARATIONS["text"].settings + (new,))
+from cancelbench import schema
+from cancelbench.orchestrator.config import ConfigError, parse_config
+assert "draft_tokens" in schema.SETTINGS_COLUMNS and str(schema.RECORD_SCHEMA.field("draft_tokens").type) == "int32"
+wl = parse_config({"workload": [{"name": "t", "draft_tokens": 9}]}).workloads[0]
+assert wl.resolved_settings()["draft_tokens"] == 9
+assert parse_config({"workload": [{"name": "t"}]}).workloads[0].resolved_settings()["draft_tokens"] == 4
+try:
+    parse_config({"workload": [{"name": "t", "draft_tokens": 65}]})
+    raise SystemExit("an out-of-bounds value was accepted")
+except ConfigError as exc:
+    assert "draft_tokens must be <= 64" in str(exc), exc
+try:
+    parse_config({"workload": [{"name": "s", "engine": "sim", "draft_tokens": 2}]})
+    raise SystemExit("a setting of another engine was accepted")
+except ConfigError as exc:
+    assert "not a setting of the sim engine" in str(exc), exc
+assert "| `draft_tokens` | int | 4 | 1..64 | speculative draft length |" in d.settings_markdown()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

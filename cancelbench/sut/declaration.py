@@ -184,8 +184,9 @@ def render_settings_table(decl: Declaration, title: str) -> str:
     lines = [f"**{title}**", "", "| setting | type | default | bounds | what |", "|---|---|---|---|---|"]
     for s in decl.settings:
         default = "engine/device decides" if s.default is None else json.dumps(s.default)
-        lo = "" if s.min is None else f"{s.min:g}"
-        hi = "" if s.max is None else f"{s.max:g}"
+        fmt = (lambda v: f"{int(v):,}") if s.type == "int" else (lambda v: f"{v:g}")
+        lo = "" if s.min is None else fmt(s.min)
+        hi = "" if s.max is None else fmt(s.max)
         bounds = f"{lo}..{hi}" if (lo or hi) else ""
         column = f" (record column `{s.column}`)" if s.column else ""
         lines.append(f"| `{s.name}` | {s.type} | {default} | {bounds} | {s.doc}{column} |")

@@ -1,0 +1,356 @@
+"""``cancelbench sut-check -- COMMAND ARGS...``: the conformance run a team uses on its
+own engine before a sweep (docs/sut-protocol.md, "Checking an engine").
+
+Each check is one function over one running engine process; every check prints one
+line. The engine is started once (a check that breaks it ends the run: the checks
+after it fail with the reason), so the whole run takes seconds on a small model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+from dataclasses import asdict, dataclass, field
+
+from cancelbench import native
+
+from .client import EngineError, EngineProcess
+from .declaration import Declaration, SettingError
+
+EVENT_TIMEOUT_S = 60.0  # a run that says nothing for this long fails its check (a hung engine)
+
+
+class CheckInputError(ValueError):
+    """Bad options for sut-check (exit 2)."""
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class Run:
+    """One run as the engine reported it."""
+
+    trial: str
+    events: list[dict] = field(default_factory=list)  # phase/step/cancel_seen, in order
+    done: dict | None = None
+    problems: list[str] = field(default_factory=list)  # protocol breaches seen on the way
+
+    @property
+    def phases(self) -> list[str]:
+        return [e["phase"] for e in self.events if e["type"] == "phase"]
+
+
+class Checker:
+    def __init__(self, proc: EngineProcess, models: dict, given: dict, text: str, mechanism: str | None) -> None:
+        self.proc, self.models, self.given, self.text, self.mechanism = proc, models, given, text, mechanism
+        self.decl: Declaration | None = None
+        self.settings: dict = {}
+        self._n = 0
+
+    def _trial(self, what: str) -> str:
+        self._n += 1
+        return f"sut-check.{self._n:03d}.{what}"
+
+    def _input(self) -> str:
+        return "" if self.decl.input == "none" else self.text
+
+    def run(self, trial: str, *, cancel_at=None, cancel_first: bool = False) -> Run:
+        """Run ``trial``; ``cancel_at(event) -> bool`` says at which event to send its cancel."""
+        proc, run = self.proc, Run(trial)
+        if cancel_first:
+            proc.send({"type": "cancel", "trial": trial})
+        t_run = proc.send({"type": "run", "trial": trial, "mechanism": self.mechanism, "input": self._input(),
+                           "settings": self.settings, "output_path": None})
+        sent_cancel = cancel_first
+        u, last = proc.clock.uncertainty_ns, t_run
+        while run.done is None:
+            try:
+                got = proc.messages.get(timeout=EVENT_TIMEOUT_S)
+            except queue.Empty:
+                raise EngineError(f"the engine said nothing for {EVENT_TIMEOUT_S:g} s during run {trial}") from None
+            msg = proc.check(got, f"the done of {trial}").msg
+            if msg["type"] == "pong":
+                continue
+            if msg["type"] not in ("phase", "step", "cancel_seen", "done") or msg.get("trial") != trial:
+                run.problems.append(f"a {msg['type']} message for {msg.get('trial')!r} during run {trial}")
+                continue
+            t = proc.clock.to_agent(msg["t"])
+            if not (t_run - u <= t <= got.t_read_ns + u) or t < last - u:
+                run.problems.append(f"{msg['type']} timestamp {msg['t']} is outside the run on the pongs' clock")
+            last = max(last, t)
+            if msg["type"] == "done":
+                run.done = msg
+            else:
+                run.events.append(msg)
+                if not sent_cancel and cancel_at is not None and cancel_at(msg):
+                    proc.send({"type": "cancel", "trial": trial})
+                    sent_cancel = True
+        return run
+
+    # -- the checks, in order ------------------------------------------------
+    def hello(self) -> Check:
+        self.decl = self.proc.start()
+        d = self.decl
+        if self.mechanism is None:
+            self.mechanism = d.mechanism_names[0]
+        elif self.mechanism not in d.mechanism_names:
+            raise CheckInputError(f"--mechanism {self.mechanism}: the engine declares {', '.join(d.mechanism_names)}")
+        try:
+            self.settings = d.resolve(self.given, "--setting")
+        except SettingError as exc:
+            raise CheckInputError(str(exc)) from None
+        return Check("hello", True, f"{d.name} {d.version}, protocol {d.protocol}, phases {', '.join(d.phase_names)}, "
+                                    f"mechanisms {', '.join(d.mechanism_names)}")
+
+    def clock(self) -> Check:
+        c = self.proc.clock
+        if c.same:
+            return Check("clock", True, f"pongs on the agent's clock ({self.decl.clock})")
+        return Check("clock", True, f"another clock than the agent's: offset {c.offset_ns} ns +- "
+                                    f"{c.uncertainty_ns} ns estimated (declared {self.decl.clock})")
+
+    def load(self) -> Check:
+        effective = self.proc.load(self.models, self.settings)
+        return Check("load", True, f"settings {json.dumps({**self.settings, **effective}, sort_keys=True)[:300]}")
+
+    def reference(self) -> list[Check]:
+        run = self.run(self._trial("reference"))
+        done, phases = run.done, run.phases
+        out = []
+        first = list(dict.fromkeys(phases))
+        declared = list(self.decl.phase_names)
+        problems = list(run.problems)
+        if done["outcome"] != "completed":
+            problems.append(f"the run ended {done['outcome']}: {done.get('error') or ''}".strip())
+        if not run.events or run.events[0]["type"] != "phase":
+            problems.append("the first event of a run must be a phase event")
+        unknown = [p for p in first if p not in declared]
+        missing = [p for p in declared if p not in first]
+        if unknown:
+            problems.append(f"undeclared phase(s) {', '.join(unknown)}")
+        if missing:
+            problems.append(f"declared phase(s) never entered: {', '.join(missing)}")
+        if [p for p in declared if p in first] != [p for p in first if p in declared]:
+            problems.append(f"phases first entered in the order {', '.join(first)}, declared {', '.join(declared)}")
+        out.append(Check("phases", not problems, "; ".join(problems) or f"entered {' -> '.join(first)}"))
+        out.append(self._steps(run))
+        return out
+
+    def _steps(self, run: Run) -> Check:
+        problems, open_step, counts, current = [], None, {}, None
+        stepping = set(self.decl.step_phases)
+        for e in run.events:
+            if e["type"] == "phase":
+                if open_step is not None:
+                    problems.append(f"phase {e['phase']} entered inside a step of {open_step}")
+                current = e["phase"]
+            elif e["type"] == "step":
+                if e["phase"] != current:
+                    problems.append(f"a step of {e['phase']} while in phase {current}")
+                if e["phase"] not in stepping:
+                    problems.append(f"a step in {e['phase']}, declared without steps")
+                if e["edge"] == "start":
+                    if open_step is not None:
+                        problems.append(f"a step started inside another ({e['phase']})")
+                    open_step = e["phase"]
+                    counts[e["phase"]] = counts.get(e["phase"], 0) + 1
+                else:
+                    if open_step is None:
+                        problems.append(f"a step of {e['phase']} ended without a start")
+                    open_step = None
+        if open_step is not None:
+            problems.append(f"a step of {open_step} never ended")
+        silent = [p for p in self.decl.step_phases if not counts.get(p)]
+        if silent:
+            problems.append(f"no step in phase(s) declared with steps: {', '.join(silent)}")
+        detail = ", ".join(f"{p} {n}" for p, n in counts.items())
+        return Check("steps", not problems, "; ".join(dict.fromkeys(problems)) or f"paired: {detail}")
+
+    def cancel_before_run(self) -> Check:
+        run = self.run(self._trial("latched"), cancel_first=True)
+        d = run.done
+        if d["outcome"] != "cancelled":
+            return Check("cancel_before_run", False, f"a cancel sent before the run was not latched: the run "
+                         f"ended {d['outcome']} (a dropped cancel)")
+        if "cancel_received_t" not in d:
+            return Check("cancel_before_run", False, "cancelled, but done has no cancel_received_t")
+        return Check("cancel_before_run", not run.problems, "; ".join(run.problems) or "latched: the run ended "
+                     f"cancelled after {sum(e['type'] == 'step' for e in run.events) // 2} step(s)")
+
+    def cancel_in_phases(self) -> list[Check]:
+        out, stopped = [], 0
+        for phase in self.decl.phase_names:
+            run = self.run(self._trial(f"in-{phase}"),
+                           cancel_at=lambda e, p=phase: e["type"] == "phase" and e["phase"] == p)
+            d, name = run.done, f"cancel_in_{phase}"
+            if phase not in run.phases:
+                out.append(Check(name, False, f"the run never entered {phase}"))
+            elif d["outcome"] == "cancelled":
+                stopped += 1
+                ok = "cancel_received_t" in d and not run.problems
+                out.append(Check(name, ok, "; ".join(run.problems) or ("stopped in " + d["phase"] if ok else
+                                 "cancelled, but done has no cancel_received_t")))
+            elif d["outcome"] == "completed" and "cancel_received_t" in d:
+                out.append(Check(name, False, f"the engine read the cancel in {phase} and completed anyway "
+                                              "(a dropped cancel)"))
+            elif d["outcome"] == "completed":
+                out.append(Check(name, True, f"the run ended before the engine read the cancel ({phase} is too "
+                                             "short to aim at from here)"))
+            else:
+                out.append(Check(name, False, f"the run ended {d['outcome']}: {d.get('error', '')}"))
+        if not stopped:
+            out.append(Check("cancel_stops_a_run", False, "no cancel sent during a run stopped it"))
+        return out
+
+    def cancel_after_done(self) -> Check:
+        trial = self._trial("after")
+        first = self.run(trial)
+        self.proc.send({"type": "cancel", "trial": trial})
+        answer = self.proc.ping()  # anything before the pong answered the stray cancel
+        nxt = self.run(self._trial("after-next"))
+        problems = first.problems + nxt.problems
+        if nxt.done["outcome"] != "completed":
+            problems.append(f"the run after it ended {nxt.done['outcome']} (a stale cancel kept?)")
+        return Check("cancel_after_done", not problems and answer is not None,
+                     "; ".join(problems) or "ignored: no answer, the next run completed")
+
+    def malformed_input(self) -> Check:
+        proc, problems = self.proc, []
+        for line, of in ((b"this is not json\n", None), (b'{"type": "frobnicate"}\n', "frobnicate"),
+                         (b'{"type": "run"}\n', "run")):
+            with proc._write_lock:
+                proc.proc.stdin.write(line)
+                proc.proc.stdin.flush()
+            try:
+                got = proc.messages.get(timeout=EVENT_TIMEOUT_S)
+                msg = proc.check(got, "an error answer").msg
+            except queue.Empty:
+                problems.append(f"no answer to {line.strip().decode()[:40]!r}")
+                continue
+            if msg["type"] != "error":
+                problems.append(f"{line.strip().decode()[:40]!r} was answered with {msg['type']}, not error")
+            elif msg.get("of") != of:
+                problems.append(f"error.of {msg.get('of')!r} for {line.strip().decode()[:40]!r} (expected {of!r})")
+        proc.ping()
+        return Check("malformed_input", not problems, "; ".join(problems) or "answered with error, still answers ping")
+
+    def shutdown(self) -> Check:
+        proc = self.proc.proc
+        self.proc.send({"type": "shutdown"})
+        try:
+            rc = proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return Check("shutdown", False, "still running 5 s after shutdown (killed)")
+        try:
+            os.killpg(proc.pid, 0)
+            left = True
+        except (ProcessLookupError, PermissionError):
+            left = False
+        self.proc.kill()
+        problems = ([f"exit status {rc}"] if rc else []) + (["processes left in its group"] if left else [])
+        return Check("shutdown", not problems, "; ".join(problems) or "exit status 0, nothing left in its group")
+
+
+STEPS = ("hello", "clock", "load", "reference", "cancel_before_run", "cancel_in_phases", "cancel_after_done",
+         "malformed_input", "shutdown")
+
+
+# what a step's checks are called (the others: the step's own name)
+NAMES = {"reference": ("phases", "steps"), "cancel_in_phases": ("cancel_in_phases",)}
+
+
+def run_checks(command: list[str], *, models: dict, settings: dict, text: str, mechanism: str | None,
+               cwd: str | None = None, startup_timeout_s: float = 30.0) -> tuple[Declaration | None, list[Check]]:
+    """Every check against ``command``; raises CheckInputError for bad options."""
+    proc = EngineProcess(command, cwd=cwd, startup_timeout_s=startup_timeout_s, answer_timeout_s=EVENT_TIMEOUT_S)
+    checker = Checker(proc, models, settings, text, mechanism)
+    checks: list[Check] = []
+    try:
+        for step in STEPS:
+            try:
+                got = getattr(checker, step)()
+            except CheckInputError:
+                raise
+            except (EngineError, OSError) as exc:
+                checks.append(Check(step, False, str(exc)))
+                rest = [n for s in STEPS[STEPS.index(step) + 1:] for n in NAMES.get(s, (s,))]
+                checks.extend(Check(s, False, f"not run: {step} failed") for s in rest)
+                break
+            checks.extend(got if isinstance(got, list) else [got])
+    finally:
+        proc.kill()
+    return checker.decl, checks
+
+
+def render(decl: Declaration | None, checks: list[Check], fmt: str) -> str:
+    failed = sum(not c.ok for c in checks)
+    if fmt == "json":
+        return json.dumps({"engine": None if decl is None else {"name": decl.name, "version": decl.version},
+                           "checks": [asdict(c) for c in checks], "passed": len(checks) - failed,
+                           "failed": failed}, indent=2)
+    lines = [f"{'PASS' if c.ok else 'FAIL'} {c.name}: {c.detail}" for c in checks]
+    lines.append(f"sut-check: {len(checks) - failed} passed, {failed} failed")
+    return "\n".join(lines)
+
+
+def parse_setting(text: str) -> tuple[str, object]:
+    """NAME=VALUE; the value read as JSON (5, 0.7, true, "x"), else as a string."""
+    name, sep, raw = text.partition("=")
+    if not sep or not name:
+        raise CheckInputError(f"--setting {text!r}: expected NAME=VALUE")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return name, value
+
+
+def cmd_sut_check(args) -> int:
+    from cancelbench.cli import EXIT_FAILURES, EXIT_INPUT, EXIT_OK
+
+    command = list(args.engine_command)
+    if command and command[0] == "--":
+        command = command[1:]
+    try:
+        if not command:
+            raise CheckInputError("give the engine's command after --, e.g. cancelbench sut-check -- ./my-engine")
+        settings = dict(parse_setting(s) for s in args.setting or [])
+        models = {k: str(os.path.abspath(v)) for k, v in (("model", args.model), ("mmproj", args.mmproj)) if v}
+        for role, path in models.items():
+            if not os.path.isfile(path):
+                raise CheckInputError(f"--{role} {path}: not a file")
+        decl, checks = run_checks(command, models=models, settings=settings, text=args.input,
+                                  mechanism=args.mechanism, startup_timeout_s=args.startup_timeout)
+    except CheckInputError as exc:
+        print(f"cancelbench sut-check: error: {' '.join(str(exc).split())}", file=os.sys.stderr)
+        return EXIT_INPUT
+    try:
+        print(render(decl, checks, args.format), flush=True)
+    except BrokenPipeError:  # a reader that stopped early (| head): the verdict is the exit status
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    return EXIT_FAILURES if any(not c.ok for c in checks) else EXIT_OK
+
+
+def add_parser(sub) -> None:
+    import argparse
+
+    p = sub.add_parser("sut-check", help="check that an engine speaks the engine protocol (docs/sut-protocol.md)",
+                       usage="cancelbench sut-check [options] -- COMMAND [ARGS...]")
+    p.add_argument("--model", help="model file the engine loads (sent in load.models.model)")
+    p.add_argument("--mmproj", help="projector file (load.models.mmproj)")
+    p.add_argument("--setting", action="append", metavar="NAME=VALUE", help="a setting (repeatable; JSON value)")
+    p.add_argument("--input", default="The quick brown fox jumps over the lazy dog.",
+                   help="the text of every run (engines that declare input text)")
+    p.add_argument("--mechanism", help="mechanism of every run (default: the first the engine declares)")
+    p.add_argument("--startup-timeout", type=float, default=30.0, help="seconds to wait for the hello")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("engine_command", nargs=argparse.REMAINDER, help="-- then the engine's argv")
+    p.set_defaults(func=cmd_sut_check)
