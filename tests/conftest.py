@@ -54,7 +54,8 @@ MARKS_BY_FIXTURE = {
 MARKS_BY_TEST = {
     "test_sweep_interrupt.py": {"cluster"},  # `cancelbench sweep` subprocesses
     "test_sweep_failures.py": {"cluster"},  # `cancelbench sweep` subprocesses
-    "test_harness.py": {"cluster"},  # benchmarks/harness.py runs a sweep in process
+    "test_harness.py": {"cluster"},
+    "test_external_sweep.py": {"cluster"},  # run_sweep in process on the local_ray fixture  # benchmarks/harness.py runs a sweep in process
     "test_signals.py": {"cluster"},  # `cancelbench sweep` subprocesses, signalled
     "test_full_disk.py": {"cluster"},  # `cancelbench sweep` subprocesses on a small tmpfs
     "test_clean_stdout.py": {"cluster"},  # a real CLI sweep, then reports (also --engine ray)

@@ -159,15 +159,17 @@ class EngineProcess:
 
     # -- talking -------------------------------------------------------------
     def send(self, msg: dict) -> int:
-        """Write one message; the agent's clock after the write. EngineError if the engine is gone."""
+        """Write one message; the agent's clock just before the write (nothing the engine does
+        in answer can be earlier). EngineError if the engine is gone."""
         line = encode(msg)
         with self._write_lock:
+            t = native.now_ns()
             try:
                 self.proc.stdin.write(line)
                 self.proc.stdin.flush()
             except (BrokenPipeError, OSError, ValueError, AttributeError):
                 raise EngineError(f"the engine stopped reading its stdin ({self.exit_description()})") from None
-            return native.now_ns()
+            return t
 
     def _next(self, timeout_s: float, waiting_for: str) -> Received:
         """The next message; EngineError on timeout, end of stream or a bad line."""

@@ -1,0 +1,106 @@
+"""Sweeps over engines run out of process (docs/sut-protocol.md), on a real local Ray:
+the built-in text engine through the Python library, the C engine, and the same
+workload in process beside them, under both deliveries and both anchored plans."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from cancelbench import native
+from cancelbench.orchestrator.config import load_config
+from cancelbench.orchestrator.runner import run_sweep
+from cancelbench.sink import read_records
+
+SETTINGS = "prompt_tokens = 48, max_tokens = 4, n_batch = 16"
+
+
+def config_text(plan: str, c_engine: str) -> str:
+    return f"""
+[sweep]
+seed = 5
+trials_per_cell = 2
+reference_runs = 3
+mechanisms = ["between_calls", "abort_callback"]
+deliveries = ["driver", "agent"]
+ping_samples = 5
+[offsets]
+plan = "{plan}"
+min_per_phase = 2
+[[workload]]
+name = "text-in"
+engine = "text"
+model = "fixture:text-qwen3-14m"
+prompt_tokens = 48
+max_tokens = 4
+n_batch = 16
+[[workload]]
+name = "text-out"
+engine = "external"
+command = ["{sys.executable}", "-m", "cancelbench.sut.builtin", "text"]
+model = "fixture:text-qwen3-14m"
+settings = {{{SETTINGS}}}
+[[workload]]
+name = "c-text"
+engine = "external"
+command = ["{c_engine}"]
+model = "fixture:text-qwen3-14m"
+settings = {{{SETTINGS}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def c_engine() -> str:
+    path = native.sut_text_engine_path()
+    if not path.exists():
+        pytest.fail(f"{path} is not built: `make setup` builds it (native/build_sut_engine.sh)")
+    return str(path)
+
+
+@pytest.mark.parametrize("plan", ["phase", "progress"])
+def test_python_c_and_in_process_engines_sweep_alike(local_ray, tmp_path, plan, c_engine):
+    cfg_path = tmp_path / "sweep.toml"
+    cfg_path.write_text(config_text(plan, c_engine))
+    config = load_config(cfg_path)  # starts each external engine once for its hello
+    out = tmp_path / plan
+    result = run_sweep(config, out, progress=False)
+    df = read_records(out)
+    planned = pq.read_table(out / "plan.parquet", columns=["trial_id"]).column("trial_id").to_pylist()
+    assert sorted(df.trial_id) == sorted(planned) and len(set(planned)) == len(planned)  # every trial once
+    assert result.exit_code == 0 and set(df.outcome) <= {"cancelled", "completed"}, df.error.dropna().tolist()
+
+    by = {w: df[df.workload == w] for w in ("text-in", "text-out", "c-text")}
+    assert set(by["text-in"].engine_name) == {"cancelbench-text"} and by["text-in"].engine_settings_json.isna().all()
+    assert set(by["text-out"].engine_name) == {"cancelbench-text"} and set(by["c-text"].engine_name) == {"c-text"}
+    for w in ("text-out", "c-text"):
+        rows = by[w]
+        assert (rows.engine == "external").all() and rows.engine_version.notna().all()
+        assert (rows.engine_clock == "same").all()  # both stamp CLOCK_MONOTONIC, as the agent does
+        settings = json.loads(rows.engine_settings_json.iloc[0])
+        assert (settings["prompt_tokens"], settings["max_tokens"]) == (48, 4)
+        assert json.loads(by["c-text"].engine_build_json.iloc[0])  # its build facts travel on every row
+    # Same model, same prompt, greedy: every completed run of the three engines agrees on its output length.
+    for w, rows in by.items():
+        refs = rows[rows.trial_kind == "reference"]
+        assert (refs.outcome == "completed").all() and len(refs) == 6
+        assert refs.phase_timeline_json.map(lambda s: [p for p, *_ in json.loads(s)]).map(
+            lambda ps: ps[0] == "prefill" and "generate" in ps).all()
+        assert refs.phase_steps_json.map(lambda s: json.loads(s)["prefill"]).eq(3).all()  # 48 tokens / 16
+        cancels = rows[rows.trial_kind == "cancel"]
+        assert set(cancels.delivery) == {"driver", "agent"} and set(cancels.target_phase) == {"prefill", "generate"}
+        assert cancels.t_anchor_ns.notna().all()  # anchored on the engine's own phase/step events
+        if plan == "progress":
+            assert cancels.anchor_step.notna().all()
+        landed = cancels[cancels.outcome == "cancelled"]
+        assert len(landed) >= len(cancels) // 2, cancels[["outcome", "target_phase", "phase_at_receipt"]]
+        assert (landed.t_received_ns <= landed.t_terminal_ns).all()
+        if w != "text-in":  # the engine's own receipt of the cancel: after the agent's, before the stop
+            assert (landed.t_engine_received_ns >= landed.t_received_ns).all()
+            assert (landed.t_engine_received_ns <= landed.t_terminal_ns).all()
+            assert (landed.protocol_hop_ms >= 0).all()
+        aborted = landed[(landed.mechanism == "abort_callback") & landed.native_call_at_receipt.notna()]
+        if len(aborted):  # stopped inside llama_decode by the engine's own abort reader
+            assert (aborted.t_native_observed_ns.notna() & (aborted.abort_polls > 0)).any()
