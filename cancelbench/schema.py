@@ -197,6 +197,8 @@ _FIELDS: list[tuple] = [
     ("t_received_ns", _I64, "timestamps", "agent: cancel() entered on the agent"),
     ("t_engine_received_ns", _I64, "timestamps", "external engines: the engine process read the cancel message "
      "(its done.cancel_received_t, converted); the outcome rule uses it"),
+    ("t_cancel_forwarded_ns", _I64, "timestamps", "external engines: the agent began writing the cancel message to "
+     "the engine's stdin (after t_received; for a cancel latched before the run, just before the run message)"),
     ("t_engine_done_read_ns", _I64, "timestamps", "external engines: the agent read the engine's done message"),
     ("t_native_observed_ns", _I64, "timestamps", "agent: first native reader saw the token (abort mechanisms), else null"),
     ("t_native_returned_ns", _I64, "timestamps", "agent: the native call in flight at receipt returned"),

@@ -85,9 +85,14 @@ class ExternalEngine:
     def run(self, request: TrialRequest, ctl: CancelControl) -> EngineResult:
         self._ensure_running()
         proc, trial = self.proc, request.trial_id
-        send_cancel = lambda: proc.send({"type": "cancel", "trial": trial})  # noqa: E731
+        sent: list[int] = []
+
+        def send_cancel() -> None:
+            sent.append(proc.send({"type": "cancel", "trial": trial}))
+
         if ctl.attach(send_cancel):  # a cancel latched before the run goes first: the engine must latch it
             send_cancel()
+        self._sent = sent
         t_run = proc.send({"type": "run", "trial": trial, "mechanism": request.mechanism, "input": request.input,
                            "settings": self.settings, "output_path": request.wav_out})
         try:
@@ -180,6 +185,7 @@ class ExternalEngine:
         self._columns = {
             "t_engine_received_ns": None if received is None else clock.to_agent(received),
             "t_engine_done_read_ns": got.t_read_ns,
+            "t_cancel_forwarded_ns": self._sent[0] if self._sent else None,
             "t_native_observed_ns": observed,
             "t_native_returned_ns": None if returned is None else clock.to_agent(returned),
             "abort_polls": counters.get("abort_polls"),
