@@ -39,8 +39,9 @@ from cancelbench.schema import TrialRecord, driver_half, finalize, merge
 from .cancel_timer import CancelTimer
 from .clock import ClockOffset, driver_now_ns, estimate_offset_async
 from .cluster import DeviceSlot
-from .config import ANCHORED_PLANS, SweepConfig, trial_settings
-from .plan import ReferenceTimeline, Resolved, TrialSpec, resolve_offset
+from .config import SweepConfig, trial_settings
+from .offsets import ReferenceTimeline, Resolved, resolve_offset
+from .plan import TrialSpec
 
 OFFSET_REFRESH_S = 30.0  # re-ping an agent before a trial when its offset estimate is older
 # A trial still running after this long is asked for its phase, and again every as long, so a
@@ -227,7 +228,7 @@ class DeviceRun:
         # A reference run of a driver-delivered anchored sweep feeds its phase entries, and the
         # driver times the cancel path from each (asked before the trial, like an anchor).
         feed = (trial.trial_kind == "reference" and self.sweep.timer is not None
-                and self.sweep.config.offsets.plan in ANCHORED_PLANS)
+                and self.sweep.config.offsets.kind.anchored)
         probing = asyncio.ensure_future(self._probe_phase_entries(
             trial.workload, trial.trial_id, self.agent.next_phase_entry.remote(trial.trial_id))) if feed else None
         if probing is not None:  # an agent that died mid-run fails it too: the trial's record says so

@@ -8,7 +8,8 @@ device or a mechanism does not change the other cells' trials.
 Offsets are planned as fractions where they depend on a device's own timeline
 (``uniform``: of the reference duration; ``phase``: of the time the reference
 run spent in the target phase) and resolved to ms per device once its
-reference runs are in (:func:`resolve_offset_ms`).
+reference runs are in (``offsets.resolve_offset``: each offset plan draws and
+resolves its own offsets, ``offsets.PLANS``).
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ import operator
 import re
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from cancelbench.inputs import safe_component
-from cancelbench.schema import NOT_APPLICABLE, reference_run
+from cancelbench.schema import NOT_APPLICABLE
 
 from .config import SweepConfig
+from .offsets import (MAX_STEP_FRACTION, ReferenceTimeline, Resolved, resolve_offset)  # noqa: F401 (their home moved)
 
 
 @dataclass(frozen=True)
@@ -171,24 +173,10 @@ def build_plan(config: SweepConfig, devices: list[str], inputs: dict[str, list[s
                     c_mech += [mech] * n
                     c_deliv += [delivery] * n
                     c_input += map(ids.__getitem__, rin.integers(len(ids), size=n).tolist())
-                    if offsets.plan == "immediate":
-                        c_frac += [None] * n
-                        c_ms += [0.0] * n
-                        c_phase += [None] * n
-                    elif offsets.plan == "fixed":
-                        fixed = offsets.fixed_ms
-                        c_frac += [None] * n
-                        c_ms += [fixed[k % len(fixed)] for k in range(n)]
-                        c_phase += [None] * n
-                    elif offsets.plan == "uniform":
-                        c_frac += roff.uniform(0.0, offsets.max_fraction, size=n).tolist()
-                        c_ms += [None] * n
-                        c_phase += [None] * n
-                    else:  # phase plans: round-robin over phases guarantees min_per_phase each
-                        top = 1.0 if offsets.plan == "progress" else min(offsets.max_fraction, 1.0)
-                        c_frac += roff.uniform(0.0, top, size=n).tolist()
-                        c_ms += [None] * n
-                        c_phase += [phases[k % len(phases)] for k in range(n)]
+                    drawn = offsets.kind.draw(offsets, roff, n, phases)
+                    c_frac += drawn.fractions
+                    c_ms += drawn.ms
+                    c_phase += drawn.phases
             n = len(c_id)
             if n:
                 order = _stream(config.seed, device, wl.name, "order").permutation(n).tolist()
@@ -313,134 +301,3 @@ def plan_columns(plan: Sequence[TrialSpec]) -> dict[str, list]:
     if isinstance(plan, Trials):
         return {f: plan.column(f) for f in _FIELDS}
     return {f: [t.__dict__[f] for t in plan] for f in _FIELDS}
-
-
-def _segments(run: dict) -> tuple[tuple[str, float, float], ...]:
-    """A run's phase timeline shifted from t_start onto the hand-back (the offsets' origin)."""
-    start, handback = run.get("t_start_ns"), run.get("t_handback_ns")
-    shift = (start - handback) / 1e6 if start is not None and handback is not None else 0.0
-    return tuple((p, a + shift, b + shift) for p, a, b in json.loads(run.get("phase_timeline_json") or "[]"))
-
-
-@dataclass(frozen=True)
-class ReferenceTimeline:
-    """A cell's reference run (``schema.reference_run``): its duration, its phase
-    timeline and its step calls per phase, all from that one uncancelled run."""
-
-    duration_ms: float
-    segments: tuple[tuple[str, float, float], ...]  # (phase, start_ms, end_ms) from hand-back
-    steps: dict = field(default_factory=dict)  # phase -> step calls
-    # Over every completed reference run of the workload on the device, every mechanism's
-    # (``pooled``), the shortest: first stay in each phase, and step call per phase (ms).
-    # Anchored delays are fractions of these, so a trial that runs faster than the median
-    # reference still receives its cancel inside the phase. Pooled because three runs of one
-    # mechanism can all be slow when the host's load comes and goes (field scale: three
-    # graph_eval references under load made a prompt "at least 1.6 s" that runs in 0.6 s,
-    # and 12 of 22 prompt cancels landed after it); a mechanism's own runs stay in the pool.
-    first_stay_ms: dict = field(default_factory=dict)
-    step_ms: dict = field(default_factory=dict)
-
-    @classmethod
-    def from_rows(cls, rows: list[dict], pooled: list[dict] | None = None) -> ReferenceTimeline | None:
-        """The reference run of ``rows`` (one cell's references); the shortest stays and
-        steps over ``pooled`` (the workload's references of every mechanism; ``rows`` if None)."""
-        run = reference_run(rows)
-        if run is None:
-            return None
-        segs = _segments(run)
-        first_stay: dict[str, float] = {}
-        step_ms: dict[str, float] = {}
-        for r in rows if pooled is None else pooled:
-            if r.get("outcome") != "completed":
-                continue
-            spent: dict[str, float] = {}
-            for p, a, b in _segments(r):
-                spent[p] = spent.get(p, 0.0) + (b - a)
-            seen: set[str] = set()
-            for p, a, b in _segments(r):
-                if p not in seen:
-                    seen.add(p)
-                    first_stay[p] = min(first_stay.get(p, b - a), b - a)
-            timed = json.loads(r.get("phase_step_ms_json") or "{}")
-            for p, n in json.loads(r.get("phase_steps_json") or "{}").items():
-                # The shortest step call as timed; a record without it (written before the
-                # column): the phase's time over its steps, which counts the phase's time
-                # outside step calls too (TTS set_input: 3-9 ms around one 0.2 ms call).
-                took = timed.get(p, spent[p] / n if n > 0 and p in spent else None)
-                if took is not None and took > 0:
-                    step_ms[p] = min(step_ms.get(p, took), took)
-        return cls(duration_ms=run["duration_ms"], segments=segs,
-                   steps=json.loads(run.get("phase_steps_json") or "{}"), first_stay_ms=first_stay, step_ms=step_ms)
-
-    def phase_segments(self, phase: str) -> list[tuple[float, float]]:
-        """(start_ms, end_ms) of the reference run's stays in ``phase``, from hand-back."""
-        return [(s, e) for p, s, e in self.segments if p == phase and e > s]
-
-
-# The sub-step delay of a progress anchor stays inside the step call: at most this
-# fraction of it, so the cancel lands in flight, not on the call's boundary.
-MAX_STEP_FRACTION = 0.9
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """A cancel's anchor and its delay after it, on one device's reference run."""
-
-    offset_ms: float  # delay after the anchor (progress: the fallback when no earlier step was timed)
-    anchor_phase: str | None = None  # None: the hand-back
-    anchor_step: int | None = None  # progress: the k-th step call of anchor_phase
-    step_fraction: float | None = None  # progress: delay as a fraction of the previous step call
-    anchor_ref_ms: float | None = None  # the reference run's hand-back -> entry into anchor_phase
-    # How long after the anchor the target is still there, at the shortest on the references
-    # (phase: the first stay; progress: the k-th step call and the phase's steps after it).
-    # A cancel whose delivery takes longer than this cannot be sure to land (see target_reachable).
-    window_ms: float | None = None
-
-
-def resolve_offset(trial: TrialSpec, ref: ReferenceTimeline | None) -> Resolved:
-    """Where and when the trial's cancel fires, on this device's own reference run.
-
-    Time plans run from hand-back: ``immediate``/``fixed`` as planned, ``uniform`` a
-    fraction of the reference duration. ``phase`` fires a fraction of the reference
-    run's first stay in the target phase after the engine *enters* that phase;
-    ``progress`` draws a point among the phase's step calls (the fraction's integer
-    part over the reference run's step count picks the step k, its remainder the
-    position inside it) and fires that far into the k-th step call after it starts,
-    measured on the trial's own shortest earlier step of the phase (the reference's
-    shortest step call of the phase for the first).
-    Anchored to events, both survive a trial that runs slower or faster than its
-    reference."""
-    if trial.offset_ms is not None:
-        return Resolved(float(trial.offset_ms))
-    if ref is None:
-        raise ValueError(f"{trial.trial_id}: offset plan {trial.offset_plan} needs reference runs")
-    frac = float(trial.offset_fraction)
-    if trial.offset_plan == "uniform":
-        return Resolved(frac * ref.duration_ms)
-    segs = ref.phase_segments(trial.target_phase)
-    if not segs:
-        raise ValueError(f"{trial.trial_id}: reference run never entered phase {trial.target_phase!r}")
-    if trial.offset_plan == "phase_time":  # the fraction of the time spent in the phase, walked
-        left = frac * sum(e - s for s, e in segs)
-        for s, e in segs:
-            if left <= e - s:
-                return Resolved(s + left)
-            left -= e - s
-        return Resolved(segs[-1][1])
-    if trial.offset_plan == "phase":
-        stay = ref.first_stay_ms.get(trial.target_phase, segs[0][1] - segs[0][0])
-        return Resolved(frac * stay, anchor_phase=trial.target_phase, anchor_ref_ms=segs[0][0], window_ms=stay)
-    if trial.offset_plan == "progress":
-        n = int(ref.steps.get(trial.target_phase, 0))
-        if n < 1:
-            raise ValueError(f"{trial.trial_id}: reference run made no step call in phase {trial.target_phase!r}")
-        point = frac * n
-        k = min(n, int(point) + 1)
-        sub = (point - (k - 1)) * MAX_STEP_FRACTION
-        step_ms = ref.step_ms.get(trial.target_phase, sum(e - s for s, e in segs) / n)
-        # The steps from the k-th on, each at least the shortest; a phase the run enters more
-        # than once (STT prefill) may end after any of them, so only the k-th step counts there.
-        window = step_ms * ((n - k + 1) if len(segs) == 1 else 1)
-        return Resolved(sub * step_ms, anchor_phase=trial.target_phase, anchor_step=k, step_fraction=sub,
-                        anchor_ref_ms=segs[0][0], window_ms=window)
-    raise ValueError(f"{trial.trial_id}: cannot resolve offset plan {trial.offset_plan!r}")

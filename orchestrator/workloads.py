@@ -1,0 +1,214 @@
+"""A sweep's [[workload]] tables: an engine, its model and inputs, its settings.
+
+Which keys a workload takes follows from its engine's declaration
+(``cancelbench.engine_decls`` for the built-in engines, an external engine's
+``hello``, docs/sut-protocol.md): a key the engine does not declare, a value of
+the wrong type or out of its bounds is a :class:`ConfigError` before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from pathlib import Path
+
+from cancelbench.device_agents.engines.registry import BACKENDS, ENGINES, EXTERNAL, EngineSpec, external_spec
+from cancelbench.inputs import expect_choice, expect_name
+from cancelbench.sut.declaration import Declaration, SettingError
+
+from .checks import ConfigError, check_names, check_number
+
+# Every built-in engine's settings, once each (cancelbench.sut.declaration.Setting); a name two
+# engines share must mean the same type there.
+BUILTIN_SETTINGS = {}
+for _spec in ENGINES.values():
+    for _s in _spec.declaration.settings:
+        assert BUILTIN_SETTINGS.setdefault(_s.name, _s).type == _s.type, _s.name
+# Keys of an external workload (besides the common ones): how to start the engine.
+EXTERNAL_KEYS = ("command", "cwd", "env", "startup_timeout_s", "answer_timeout_s", "settings")
+MAX_STARTUP_S, MAX_ANSWER_S = 600.0, 3600.0
+_COMMON_KEYS = ("name", "engine", "model", "mmproj", "lock", "inputs", "backends")
+
+
+class _WorkloadBase:
+    """Behaviour of :class:`WorkloadSpec` (a dataclass generated below: its fields are the
+    common keys, the external engine's keys and every built-in engine's settings)."""
+
+    @property
+    def spec(self) -> EngineSpec:
+        """The engine's spec: a built-in one, or an external engine's from its hello."""
+        if self.engine != EXTERNAL:
+            return ENGINES[self.engine]
+        if self.declaration is None:
+            raise ConfigError(f"workload {self.name}: its external engine has not said hello yet")
+        return external_spec(self.declaration, needs_model=bool(self.model))
+
+    def given_settings(self) -> dict:
+        """The engine settings the config gave (built-in: the keys set; external: its table)."""
+        if self.engine == EXTERNAL:
+            return dict(self.settings)
+        return {s.name: getattr(self, s.name) for s in self.spec.declaration.settings
+                if getattr(self, s.name) is not None}
+
+    def resolved_settings(self) -> dict:
+        """Every setting the engine declares: the config's value or the declared default."""
+        return self.spec.declaration.resolve(self.given_settings(), f"workload {self.name}")
+
+    def engine_params(self) -> dict:
+        """What the agent's engine is built from (the load payload, without locks)."""
+        # None: the engine (or the agent, for the device's n_gpu_layers) chooses
+        d = {"engine": self.engine, **{k: v for k, v in self.resolved_settings().items() if v is not None}}
+        if self.engine == EXTERNAL:
+            d = {"engine": EXTERNAL, "settings": self.resolved_settings(), "command": list(self.command),
+                 "cwd": self.cwd, "env": dict(self.env), "startup_timeout_s": self.startup_timeout_s,
+                 "answer_timeout_s": self.answer_timeout_s, "contract": self.declaration.contract()}
+        if self.spec.needs_model:
+            d["model"], d["mmproj"] = self.model, self.mmproj
+        return d
+
+    def settings_columns(self) -> dict:
+        """The settings columns the config alone decides; the engine's effective values
+        (``describe()`` on the agent, after load) complete them."""
+        def file_name(spec: str | None) -> str | None:  # "fixture:name" or a path: the name a reader knows
+            return Path(spec.removeprefix("fixture:")).name if spec and self.spec.needs_model else None
+
+        return {"workload": self.name, "engine": self.engine, "corpus": self.inputs if self.spec.needs_model else None,
+                "model": file_name(self.model), "mmproj": file_name(self.mmproj)}
+
+
+def _workload_fields() -> list:
+    common = [("name", str), ("engine", str, field(default="text")),
+              ("model", str | None, field(default="fixture:text-llama-57m")),
+              ("mmproj", str | None, field(default=None)), ("lock", str | None, field(default=None)),
+              ("inputs", str, field(default="text_prompts")),  # corpus name in datasets/corpora/
+              ("backends", tuple, field(default=())),  # run only on devices of these backends (empty: all)
+              # external engines (docs/sut-protocol.md)
+              ("command", tuple, field(default=())), ("cwd", str | None, field(default=None)),
+              ("env", tuple, field(default=())),  # (name, value) pairs
+              ("startup_timeout_s", float, field(default=30.0)), ("answer_timeout_s", float, field(default=10.0)),
+              ("settings", tuple, field(default=())),  # (name, value) pairs, checked against the declaration
+              ("declaration", Declaration | None, field(default=None))]  # the external engine's hello
+    # Built-in engine settings: None = not given (the engine's declared default applies).
+    return common + [(name, object, field(default=None)) for name in BUILTIN_SETTINGS]
+
+
+WorkloadSpec = dataclasses.make_dataclass("WorkloadSpec", _workload_fields(), bases=(_WorkloadBase,), frozen=True)
+WorkloadSpec.__module__ = __name__
+WorkloadSpec.__doc__ = "One [[workload]] of a sweep config: an engine, its model and inputs, its settings."
+
+
+def parse_workload(raw: dict, i: int, declare=None) -> WorkloadSpec:
+    """One [[workload]] table. Its keys: the common ones, then what its engine declares
+    (a built-in engine's settings; an external engine's `command`... and `settings`,
+    checked against the declaration ``declare(spec)`` returns, the engine's hello)."""
+    where = f"workload[{i}]"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a table")
+    if "name" not in raw:
+        raise ConfigError(f"{where}: 'name' is required")
+    expect_name(raw["name"], f"{where}.name", ConfigError)  # bounded: it becomes trial ids and file names
+    engine = raw.get("engine", "text")
+    known_engines = tuple(ENGINES) + (EXTERNAL,)
+    if not isinstance(engine, str):  # a list or table is refused by its type, not by a TypeError
+        expect_choice(engine, f"{where}.engine", known_engines, ConfigError)
+    if engine not in known_engines:
+        raise ConfigError(f"{where}: unknown engine {engine!r} (known: {', '.join(known_engines)})")
+    external = engine == EXTERNAL
+    allowed = set(_COMMON_KEYS) | (set(EXTERNAL_KEYS) if external else
+                                   {s.name for s in ENGINES[engine].declaration.settings})
+    if not external and not ENGINES[engine].needs_model:
+        allowed -= {"model", "mmproj", "lock", "inputs"}
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        if not external and set(unknown) <= set(BUILTIN_SETTINGS):
+            raise ConfigError(f"{where}: {', '.join(unknown)} is not a setting of the {engine} engine (its settings: "
+                              f"{', '.join(s.name for s in ENGINES[engine].declaration.settings)})")
+        if external and set(unknown) <= set(BUILTIN_SETTINGS):
+            raise ConfigError(f"{where}: an external engine's settings go in its settings table "
+                              f"(settings = {{{unknown[0]} = ...}})")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    kwargs = {k: v for k, v in raw.items() if k in set(_COMMON_KEYS)}
+    for key in ("model", "mmproj", "lock", "inputs"):
+        if key in kwargs and (not isinstance(kwargs[key], str) or not kwargs[key].strip()):
+            raise ConfigError(f"{where}.{key} must be a non-empty string, got {kwargs[key]!r}")
+    if "backends" in kwargs:
+        kwargs["backends"] = check_names(kwargs["backends"], f"{where}.backends", BACKENDS)
+    if external:
+        kwargs.setdefault("model", None)
+        kwargs.update(_external_keys(raw, where))
+    else:
+        try:
+            ENGINES[engine].declaration.resolve({k: v for k, v in raw.items() if k in BUILTIN_SETTINGS}, where)
+        except SettingError as exc:
+            raise ConfigError(str(exc)) from None
+        kwargs.update({k: v for k, v in raw.items() if k in BUILTIN_SETTINGS})
+    spec = WorkloadSpec(**kwargs)
+    if external:
+        if declare is None:
+            raise ConfigError(f"{where}: an external engine is checked against its hello; "
+                              "load this config with `cancelbench sweep` (which starts the engine once)")
+        try:
+            spec = dataclasses.replace(spec, declaration=declare(spec))
+        except ConfigError:
+            raise
+        except Exception as exc:  # cancelbench.sut.client.EngineError: one line
+            raise ConfigError(f"{where}: {exc}") from None
+        try:
+            spec.resolved_settings()
+        except SettingError as exc:
+            raise ConfigError(str(exc).replace(f"workload {spec.name}", where)) from None
+    _check_workload(spec, where)
+    return spec
+
+
+def _external_keys(raw: dict, where: str) -> dict:
+    """An external workload's start-up keys, checked (docs/sut-protocol.md)."""
+    command = raw.get("command")
+    if (not isinstance(command, list) or not command
+            or not all(isinstance(a, str) and a and "\0" not in a for a in command)):
+        raise ConfigError(f"{where}.command must be a non-empty list of non-empty strings (an argv; no shell), "
+                          f"got {command!r:.100}")
+    out = {"command": tuple(command)}
+    if "cwd" in raw:
+        if not isinstance(raw["cwd"], str) or not raw["cwd"].strip():
+            raise ConfigError(f"{where}.cwd must be a non-empty string, got {raw['cwd']!r}")
+        out["cwd"] = raw["cwd"]
+    env = raw.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and k and "=" not in k and isinstance(v, str)
+                                            for k, v in env.items()):
+        raise ConfigError(f"{where}.env must be a table of NAME = \"value\" strings")
+    out["env"] = tuple(sorted(env.items()))
+    for key, hi in (("startup_timeout_s", MAX_STARTUP_S), ("answer_timeout_s", MAX_ANSWER_S)):
+        if key in raw:
+            out[key] = check_number(raw[key], f"{where}.{key}", 1.0, hi)
+    settings = raw.get("settings", {})
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{where}.settings must be a table of setting = value")
+    out["settings"] = tuple(sorted(settings.items()))
+    return out
+
+
+def _check_workload(spec: WorkloadSpec, where: str) -> None:
+    """What no single setting says: sizes that must agree, files an engine needs."""
+    s = spec.resolved_settings() if spec.engine != EXTERNAL else {}
+    if s.get("n_ubatch") is not None and s["n_ubatch"] > s["n_batch"]:
+        raise ConfigError(f"{where}: n_ubatch ({s['n_ubatch']}) must be <= n_batch ({s['n_batch']})")
+    engine = spec.spec
+    if engine.needs_mmproj and spec.model == WorkloadSpec.model:
+        raise ConfigError(f"{where}: engine {spec.engine} needs 'model' (and 'mmproj')")
+    if engine.needs_mmproj and not spec.mmproj:
+        raise ConfigError(f"{where}: engine {spec.engine} needs 'mmproj'")
+    if spec.engine == EXTERNAL and spec.mmproj and not spec.model:
+        raise ConfigError(f"{where}: 'mmproj' needs a 'model'")
+    for key in ("model", "mmproj"):
+        path = getattr(spec, key)
+        if engine.needs_model and path and not path.startswith("fixture:") and not spec.lock:
+            raise ConfigError(f"{where}: {key} {path} needs a 'lock' file (see `cancelbench lock`)")
+
+
+def preflight(workload: WorkloadSpec) -> Declaration:
+    """An external engine's declaration: start its command once here, read its hello, shut it down."""
+    from cancelbench.sut.client import declare
+
+    return declare(list(workload.command), cwd=workload.cwd, env=dict(workload.env),
+                   startup_timeout_s=workload.startup_timeout_s)
