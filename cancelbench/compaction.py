@@ -28,12 +28,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import failpoints
 from .schema import FILE_SCHEMA
 
 COMPACTED_SUFFIX = "-compacted.parquet"
 COMPACTED_FROM = b"cancelbench_compacted_from"
 SORT_KEYS = [("trial_index", "ascending"), ("trial_id", "ascending")]  # plan order, whatever the flush order
-PAUSE_ENV = "CANCELBENCH_TEST_COMPACT_PAUSE"  # tests: stop at a named step (see _pause)
 PAUSE_MARKER = ".compact-paused"
 STEPS = ("written", "committed", "removing")
 
@@ -162,10 +162,10 @@ _paused: set[str] = set()
 
 
 def _pause(step: str, part: Path) -> None:
-    """Test hook: with ``CANCELBENCH_TEST_COMPACT_PAUSE=<step>``, the first time compaction
-    reaches that step, write ``.compact-paused`` (the step's name) in the partition directory
-    and wait to be killed, so a test can SIGKILL the driver at exactly that point."""
-    if os.environ.get(PAUSE_ENV) != step or step in _paused:
+    """Failpoint (cancelbench.failpoints.compact_pause): the first time compaction reaches
+    that step, write ``.compact-paused`` (the step's name) in the partition directory and
+    wait to be killed, so a test can SIGKILL the driver at exactly that point."""
+    if failpoints.compact_pause() != step or step in _paused:
         return
     _paused.add(step)
     (part / PAUSE_MARKER).write_text(step)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import ray
 
+from cancelbench import failpoints
 from cancelbench.request import TrialRequest
 from cancelbench.schema import TrialRecord, agent_half, columns_of
 
@@ -231,7 +232,7 @@ class DeviceAgent:
         feed = PhaseFeed() if request.feed_phases and watch is None else None
         if watch is not None or feed is not None:
             ctl.progress.listener = watch or feed
-        ctl.step_delay = _test_step_delay(request)
+        ctl.step_delay = failpoints.step_delay(trial_id)  # a test's injected variance; None in real runs
         with self._changed:
             self.token.reset()
             self._current = (trial_id, ctl)
@@ -339,37 +340,6 @@ class DeviceAgent:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
-
-
-def _test_step_delay(request: TrialRequest):
-    """Test-only variance: with CANCELBENCH_TEST_STEP_DELAY="FACTOR,PERIOD", every step call of
-    one trial in PERIOD (chosen by trial id) lasts FACTOR times as long, busy inside the call,
-    so tests can show that event anchors hold under run-to-run variance. Unset in real runs."""
-    import hashlib
-    import os
-
-    spec = os.environ.get("CANCELBENCH_TEST_STEP_DELAY")
-    if not spec:
-        return None
-    factor, period = spec.split(",")
-    # A real hash: crc32 is linear, so ids that differ in their last digits (ref.000, ref.001,
-    # ref.002) shared one parity, and every reference run of a workload was slowed or none was.
-    if int.from_bytes(hashlib.sha256(request.trial_id.encode()).digest()[:8], "big") % int(period):
-        return None
-    from cancelbench import native
-
-    never_set = native.CancelToken()
-
-    def stretch(t_start_ns: int) -> None:
-        # Busy in native code, through ctypes, so the GIL is free as it is in the engine's own
-        # native calls. A Python busy loop held it: the agent's anchor reply and cancel threads
-        # then waited for the interpreter's 5 ms switch interval, an event hop no real engine
-        # causes, and driver-delivered cancels missed phases they reach in real runs.
-        extra_us = int((float(factor) - 1.0) * (native.now_ns() - t_start_ns) / 1e3)
-        if extra_us > 0:
-            native.probe_busy(never_set, extra_us, extra_us)
-
-    return stretch
 
 
 def _resolve_input(request: TrialRequest) -> TrialRequest:

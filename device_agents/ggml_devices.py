@@ -23,10 +23,9 @@ Device ids are ``<backend>:<index>``:
 
 This module imports only the standard library, so it can also run as a script
 (``python device_agents/ggml_devices.py`` prints the probe as JSON); the
-subprocess probe in ``backends.py`` runs it that way. That is also why it
-stays one file of a little over 400 lines: a script run by path cannot
-import siblings. Device ids, per-device
-environments and the subprocess probe live in ``backends.py``.
+subprocess probe in ``backends.py`` runs it that way, and then it loads its one
+sibling, ``vulkan_devices.py`` (the Vulkan loader's view), by path. Device ids,
+per-device environments and the subprocess probe live in ``backends.py``.
 """
 
 from __future__ import annotations
@@ -201,87 +200,17 @@ def _s(b: bytes | None) -> str:
     return b.decode("utf-8", "replace") if b else ""
 
 
-# --------------------------------------------------------------------------- Vulkan physical devices
-
-_VK_TYPES = {0: "other", 1: "igpu", 2: "gpu", 3: "virtual", 4: "cpu"}
-
-
-def vk_version(v: int) -> str:
-    """A VK_MAKE_API_VERSION number as major.minor.patch."""
-    return f"{(v >> 22) & 0x7F}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
-
-
-def vk_driver_version(vendor_id: int, v: int) -> str:
-    """``driverVersion`` is vendor-encoded: NVIDIA packs 10.8.8.6 bits, Intel on Windows 18.14;
-    Mesa and most others use the API version encoding."""
-    if vendor_id == 0x10DE:
-        return f"{(v >> 22) & 0x3FF}.{(v >> 14) & 0xFF}.{(v >> 6) & 0xFF}.{v & 0x3F}"
-    if vendor_id == 0x8086 and sys.platform == "win32":
-        return f"{v >> 14}.{v & 0x3FFF}"
-    return vk_version(v)
-
-
-def vulkan_physical_devices() -> list[dict]:
-    """Physical Vulkan devices straight from the loader (``vkEnumeratePhysicalDevices``):
-    ``[{index, name, vk_type}]`` in the order ``GGML_VK_VISIBLE_DEVICES`` indexes.
-    Empty when there is no Vulkan loader or no driver. Independent of ggml."""
-    names = ("libvulkan.so.1", "libvulkan.so", "libvulkan.1.dylib", "libMoltenVK.dylib", "vulkan-1.dll")
-    vk = None
-    for n in names:
-        try:
-            vk = ctypes.CDLL(n)
-            break
-        except OSError:
-            continue
-    if vk is None:
-        return []
-
-    class VkInstanceCreateInfo(ctypes.Structure):
-        _fields_ = [("sType", ctypes.c_int), ("pNext", ctypes.c_void_p), ("flags", ctypes.c_uint32),
-                    ("pApplicationInfo", ctypes.c_void_p), ("enabledLayerCount", ctypes.c_uint32),
-                    ("ppEnabledLayerNames", ctypes.c_void_p), ("enabledExtensionCount", ctypes.c_uint32),
-                    ("ppEnabledExtensionNames", ctypes.c_void_p)]
-
-    class VkPhysicalDevicePropertiesHead(ctypes.Structure):
-        # leading members of VkPhysicalDeviceProperties; the buffer below is large
-        # enough for the whole struct (limits + sparse properties, < 1 KiB)
-        _fields_ = [("apiVersion", ctypes.c_uint32), ("driverVersion", ctypes.c_uint32),
-                    ("vendorID", ctypes.c_uint32), ("deviceID", ctypes.c_uint32),
-                    ("deviceType", ctypes.c_int), ("deviceName", ctypes.c_char * 256)]
-
-    create = vk.vkCreateInstance
-    create.restype, create.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    enum = vk.vkEnumeratePhysicalDevices
-    enum.restype, enum.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32),
-                                                 ctypes.c_void_p]
-    props_fn = vk.vkGetPhysicalDeviceProperties
-    props_fn.restype, props_fn.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p]
-    destroy = vk.vkDestroyInstance
-    destroy.restype, destroy.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p]
-
-    info = VkInstanceCreateInfo(sType=1)  # VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO
-    inst = ctypes.c_void_p()
-    if create(ctypes.byref(info), None, ctypes.byref(inst)) != 0:
-        return []
-    try:
-        count = ctypes.c_uint32(0)
-        if enum(inst, ctypes.byref(count), None) != 0 or count.value == 0:
-            return []
-        handles = (ctypes.c_void_p * count.value)()
-        if enum(inst, ctypes.byref(count), handles) not in (0, 5):  # VK_SUCCESS, VK_INCOMPLETE
-            return []
-        out = []
-        for i in range(count.value):
-            buf = ctypes.create_string_buffer(4096)
-            props_fn(handles[i], buf)
-            head = VkPhysicalDevicePropertiesHead.from_buffer(buf)
-            out.append({"index": i, "name": _s(head.deviceName),
-                        "vk_type": _VK_TYPES.get(head.deviceType, "other"),
-                        "driver_version": vk_driver_version(head.vendorID, head.driverVersion),
-                        "api_version": vk_version(head.apiVersion)})
-        return out
-    finally:
-        destroy(inst, None)
+# Vulkan physical devices: their own stdlib-only module (vulkan_devices.py), a sibling file
+# this one loads by path when it runs as a script.
+try:
+    from .vulkan_devices import vk_driver_version, vk_version, vulkan_physical_devices  # noqa: F401
+except ImportError:  # run by path (backends.py's subprocess probe): no package to import from
+    _vk_spec = importlib.util.spec_from_file_location("cancelbench_vulkan_devices",
+                                                      Path(__file__).with_name("vulkan_devices.py"))
+    _vk = importlib.util.module_from_spec(_vk_spec)
+    _vk_spec.loader.exec_module(_vk)
+    vk_driver_version, vk_version, vulkan_physical_devices = (_vk.vk_driver_version, _vk.vk_version,
+                                                              _vk.vulkan_physical_devices)
 
 
 def _parse_index_list(value: str | None) -> list[int] | None:

@@ -9,9 +9,9 @@ into a per-user cache) and loaded on first use, by :func:`_lib`. Environment
 read at that first load, not at import:
 
 * ``CANCELBENCH_NATIVE_LIB``: path of a prebuilt library to load instead.
-* ``CANCELBENCH_TEST_CLOCK_SKEW_NS``: test hook, a known skew (ns) added to the
-  agent clock so clock-offset estimation can be checked; set it before the
-  process's first native call.
+* the clock-skew failpoint (``cancelbench.failpoints.clock_skew_ns``): a known
+  skew (ns) added to the agent clock so clock-offset estimation can be checked;
+  set it before the process's first native call.
 
 Every agent-side timestamp goes through :func:`now_ns` so that Python and
 native times share one clock domain (CLOCK_MONOTONIC on the agent's host).
@@ -125,10 +125,11 @@ def _load() -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = list(argtypes)
-    # Test hook: a known agent-clock skew (ns), so clock-offset estimation can be checked.
-    skew = os.environ.get("CANCELBENCH_TEST_CLOCK_SKEW_NS")
+    # Failpoint: a known agent-clock skew (ns), so clock-offset estimation can be checked.
+    from cancelbench import failpoints
+    skew = failpoints.clock_skew_ns()
     if skew:
-        lib.cb_set_clock_skew_ns(int(skew))
+        lib.cb_set_clock_skew_ns(skew)
     return lib
 
 

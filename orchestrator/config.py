@@ -7,8 +7,7 @@ written anywhere before the whole config has been validated.
 from __future__ import annotations
 
 import json
-import dataclasses
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cancelbench.device_agents.engines.registry import BACKENDS, EXTERNAL, MAX_SEED
@@ -117,8 +116,10 @@ def _devices(data: dict) -> DeviceSelector:
     if not isinstance(labels, dict):
         raise ConfigError("devices.labels must be a table of label = value")
     hosts = dev.get("hosts", [])
-    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
-        raise ConfigError("devices.hosts must be a list of host names")
+    if not isinstance(hosts, list) or not all(isinstance(h, str) and h.strip() for h in hosts):
+        raise ConfigError(f"devices.hosts must be a list of non-empty host names, got {hosts!r}")
+    if len(set(hosts)) != len(hosts):
+        raise ConfigError(f"devices.hosts names a host twice: {hosts!r}")
     sim_per_host = check_int(dev.get("sim_per_host", 0), "devices.sim_per_host", 0, MAX_SIM_PER_HOST)
     if sim_per_host and "backends" in dev:
         raise ConfigError("devices.sim_per_host gives each host simulated devices (backend sim); "
@@ -146,6 +147,13 @@ def _check_target_phases(config: SweepConfig) -> None:
                               f"{', '.join(off.phases)}")
 
 
+def fold_name(name: str) -> str:
+    """A workload name as a case-insensitive, Unicode-normalising file system would see it."""
+    import unicodedata
+
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold()).strip()
+
+
 def parse_config(data: dict, declare=None) -> SweepConfig:
     """Validate a parsed TOML document; defaults fill what is absent. ``declare(workload)``
     returns an external engine's declaration (its hello; cancelbench.sut.client.declare)."""
@@ -163,6 +171,12 @@ def parse_config(data: dict, declare=None) -> SweepConfig:
     names = [w.name for w in workloads]
     if len(set(names)) != len(names):
         raise ConfigError(f"workload names must be unique, got {names}")
+    folded: dict[str, str] = {}
+    for n in names:  # trial ids name files: on a case-insensitive file system these would collide
+        prior = folded.setdefault(fold_name(n), n)
+        if prior != n:
+            raise ConfigError(f"workload names {prior!r} and {n!r} differ only by case, Unicode form or "
+                              "surrounding spaces; rename one")
     parts = [safe_component(n) for n in names]  # trial ids: injective by construction, checked anyway
     if len(set(parts)) != len(parts):
         raise ConfigError(f"workload names {names} give the same trial-id part; rename one")

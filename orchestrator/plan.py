@@ -138,7 +138,6 @@ def build_plan(config: SweepConfig, devices: list[str], inputs: dict[str, list[s
     cols: dict[str, list] = {f: [] for f in _FIELDS}
     in_seed, off_seed = config.effective_input_seed, config.effective_offset_seed
     offsets = config.offsets
-    n_refs = config.reference_runs
     for device in sorted(devices):
         backend = device.rsplit("/", 1)[-1].split(":", 1)[0]
         dev_part = device_id_part(device)
@@ -149,17 +148,7 @@ def build_plan(config: SweepConfig, devices: list[str], inputs: dict[str, list[s
             ids = inputs[wl.name]
             phases = offsets.target_phases(wl.spec)
             # References first (offsets need them) ...
-            ref_id, ref_mech, ref_input = [], [], []
-            for mech in config.mechanisms:
-                rin = _stream(in_seed, device, wl.name, mech, "reference")
-                ref_id += [f"{dev_part}.{wl_part}.{mech}.ref.{r:03d}" for r in range(n_refs)]
-                ref_mech += [mech] * n_refs
-                ref_input += [ids[int(rin.integers(len(ids)))] for _ in range(n_refs)]
-            n = len(ref_id)
-            _extend(cols, n, trial_id=ref_id, device=device, workload=wl.name, trial_kind="reference",
-                    mechanism=ref_mech, delivery=NOT_APPLICABLE, offset_plan=NOT_APPLICABLE, input_id=ref_input,
-                    input_seed=in_seed, offset_seed=off_seed, offset_fraction=None, offset_ms=None,
-                    target_phase=None)
+            _references(cols, config, device, f"{dev_part}.{wl_part}", wl.name, ids)
             # ... then the workload's cells interleaved, so slow drift on the host does not bias one
             # cell. The model is loaded once per workload.
             c_id, c_mech, c_deliv, c_input, c_frac, c_ms, c_phase = [], [], [], [], [], [], []
@@ -187,6 +176,22 @@ def build_plan(config: SweepConfig, devices: list[str], inputs: dict[str, list[s
                         offset_fraction=pick(c_frac), offset_ms=pick(c_ms), target_phase=pick(c_phase))
     cols["trial_index"] = list(range(len(cols["trial_id"])))
     return Plan(cols)
+
+
+def _references(cols: dict[str, list], config: SweepConfig, device: str, prefix: str, workload: str,
+                ids: list[str]) -> None:
+    """A workload's reference runs on one device: reference_runs per mechanism, inputs drawn."""
+    n_refs, in_seed = config.reference_runs, config.effective_input_seed
+    ref_id, ref_mech, ref_input = [], [], []
+    for mech in config.mechanisms:
+        rin = _stream(in_seed, device, workload, mech, "reference")
+        ref_id += [f"{prefix}.{mech}.ref.{r:03d}" for r in range(n_refs)]
+        ref_mech += [mech] * n_refs
+        ref_input += [ids[int(rin.integers(len(ids)))] for _ in range(n_refs)]
+    _extend(cols, len(ref_id), trial_id=ref_id, device=device, workload=workload, trial_kind="reference",
+            mechanism=ref_mech, delivery=NOT_APPLICABLE, offset_plan=NOT_APPLICABLE, input_id=ref_input,
+            input_seed=in_seed, offset_seed=config.effective_offset_seed, offset_fraction=None, offset_ms=None,
+            target_phase=None)
 
 
 def _extend(cols: dict[str, list], n: int, **values) -> None:

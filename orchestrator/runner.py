@@ -34,6 +34,7 @@ from .config import MAX_PLAN_TRIALS, SweepConfig, WorkloadSpec
 from .corpus import load_inputs
 from .cancel_timer import CancelTimer
 from .device_run import DeviceRun, DeviceWork, SweepContext, _unwrap, run_devices
+from .progress import ProgressBars, Recorder
 from .plan import (PLAN_HASH, Plan, build_plan, legacy_plan_sha256, plan_sha256,
                    planned_trials)
 from .plan import plan_table as plan_table_of
@@ -102,34 +103,6 @@ def workload_payload(wl: WorkloadSpec, driver_sees_files: bool = False) -> dict:
         payload.pop("model", None)
         payload.pop("mmproj", None)
     return payload
-
-
-class _Progress:
-    """One progress bar per device: trials done, dropped so far, ETA (tqdm)."""
-
-    def __init__(self, totals: dict[str, int], enabled: bool) -> None:
-        self.bars = {}
-        self.dropped = collections.Counter()
-        if enabled:
-            import sys
-
-            from tqdm import tqdm
-            interval = 0.5 if sys.stderr.isatty() else 30.0  # a log file gets a line every 30 s
-            for i, (key, total) in enumerate(sorted(totals.items())):
-                self.bars[key] = tqdm(total=total, desc=key, position=i, unit="trial", leave=True,
-                                      dynamic_ncols=True, mininterval=interval)
-
-    def update(self, key: str, outcome: str) -> None:
-        if outcome == "dropped":
-            self.dropped[key] += 1
-        bar = self.bars.get(key)
-        if bar is not None:
-            bar.set_postfix(dropped=self.dropped[key], refresh=False)
-            bar.update(1)
-
-    def close(self) -> None:
-        for bar in self.bars.values():
-            bar.close()
 
 
 class Sweep:
@@ -210,7 +183,26 @@ class Sweep:
         slot_by_key = {s.key: s for s in slots}
         probes, offsets = self._prepare_agents(slot_by_key, agents, payloads)
         plan = build_plan(self.config, list(agents), {n: list(v) for n, v in inputs.items()})
-        manifest = self._start_dataset(sweep_id, plan, probes, offsets, existing)
+        try:
+            manifest = self._start_dataset(sweep_id, plan, probes, offsets, existing)
+            return self._run_plan(plan, manifest, sweep_id, slot_by_key, agents, inputs, payloads, offsets)
+        except KeyboardInterrupt:  # a signal: also one that came before the trials' own handling began
+            self._mark_interrupted()
+            raise
+
+    def _mark_interrupted(self) -> None:
+        """A manifest this sweep left "running" says "interrupted" (a signal that arrived between
+        writing it and the trials, e.g. while plan.parquet was written, left it "running")."""
+        path = self.out_dir / sinks.MANIFEST
+        try:
+            manifest = sinks.read_manifest(self.out_dir)
+        except Exception:  # none written yet: nothing claims the sweep is running
+            return
+        if manifest.get("status") == "running":
+            write_json_atomic(path, {**manifest, "status": "interrupted"})
+
+    def _run_plan(self, plan, manifest, sweep_id, slot_by_key, agents, inputs, payloads, offsets) -> SweepResult:
+        """The plan's trials on every device, into the dataset; the manifest's final status."""
         if self.resume:  # finish what a driver killed mid-compaction left, before new files join
             compaction.recover(sinks.records_dir(self.out_dir))
         done_ids = sinks.completed_trial_ids(self.out_dir) if self.resume else set()
@@ -219,22 +211,9 @@ class Sweep:
         by_device = plan.by_device(skip=done_ids)
         result = SweepResult(self.out_dir, sweep_id, planned=len(plan), written=0, prior_outcomes=prior_outcomes)
         sink = sinks.RecordSink(self.out_dir)
-        progress = _Progress({k: len(by_device.get(k, [])) for k in agents}, self.show_progress)
-        lock = threading.Lock()
-
+        progress = ProgressBars({k: len(by_device.get(k, [])) for k in agents}, self.show_progress)
         stop = self._stop
-
-        def record(key: str, row: dict) -> None:
-            if stop.is_set():  # interrupted: this trial runs again on --resume
-                raise _Stopping("the sweep is stopping")
-            sink.add(row)
-            with lock:
-                result.outcomes[row["outcome"]] += 1
-                result.written += 1
-            progress.update(key, row["outcome"])
-            if sink.disk_full:  # the record is kept (memory, then a fallback file): take no more trials
-                stop.set()
-                raise _Stopping("no space left for the records")
+        record = Recorder(sink, result, progress, stop, _Stopping)
 
         timer = CancelTimer() if "driver" in self.config.deliveries else None
         shared = SweepContext(self.config, self.out_dir, sweep_id, inputs, payloads, record, timer)

@@ -114,19 +114,7 @@ def parse_workload(raw: dict, i: int, declare=None) -> WorkloadSpec:
     if engine not in known_engines:
         raise ConfigError(f"{where}: unknown engine {engine!r} (known: {', '.join(known_engines)})")
     external = engine == EXTERNAL
-    allowed = set(_COMMON_KEYS) | (set(EXTERNAL_KEYS) if external else
-                                   {s.name for s in ENGINES[engine].declaration.settings})
-    if not external and not ENGINES[engine].needs_model:
-        allowed -= {"model", "mmproj", "lock", "inputs"}
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        if not external and set(unknown) <= set(BUILTIN_SETTINGS):
-            raise ConfigError(f"{where}: {', '.join(unknown)} is not a setting of the {engine} engine (its settings: "
-                              f"{', '.join(s.name for s in ENGINES[engine].declaration.settings)})")
-        if external and set(unknown) <= set(BUILTIN_SETTINGS):
-            raise ConfigError(f"{where}: an external engine's settings go in its settings table "
-                              f"(settings = {{{unknown[0]} = ...}})")
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    _check_keys(raw, engine, where)
     kwargs = {k: v for k, v in raw.items() if k in set(_COMMON_KEYS)}
     for key in ("model", "mmproj", "lock", "inputs"):
         if key in kwargs and (not isinstance(kwargs[key], str) or not kwargs[key].strip()):
@@ -144,20 +132,49 @@ def parse_workload(raw: dict, i: int, declare=None) -> WorkloadSpec:
         kwargs.update({k: v for k, v in raw.items() if k in BUILTIN_SETTINGS})
     spec = WorkloadSpec(**kwargs)
     if external:
-        if declare is None:
-            raise ConfigError(f"{where}: an external engine is checked against its hello; "
-                              "load this config with `cancelbench sweep` (which starts the engine once)")
-        try:
-            spec = dataclasses.replace(spec, declaration=declare(spec))
-        except ConfigError:
-            raise
-        except Exception as exc:  # cancelbench.sut.client.EngineError: one line
-            raise ConfigError(f"{where}: {exc}") from None
-        try:
-            spec.resolved_settings()
-        except SettingError as exc:
-            raise ConfigError(str(exc).replace(f"workload {spec.name}", where)) from None
+        spec = _declared(spec, declare, where)
     _check_workload(spec, where)
+    return spec
+
+
+def _check_keys(raw: dict, engine: str, where: str) -> None:
+    """Only the keys this engine takes: the common ones and its declared settings (an external
+    engine: its start-up keys; its settings are checked against its hello later)."""
+    external = engine == EXTERNAL
+    allowed = set(_COMMON_KEYS) | (set(EXTERNAL_KEYS) if external else
+                                   {s.name for s in ENGINES[engine].declaration.settings})
+    if not external and not ENGINES[engine].needs_model:
+        allowed -= {"model", "mmproj", "lock", "inputs"}
+    unknown = sorted(set(raw) - allowed)
+    if not unknown:
+        return
+    if not external and set(unknown) <= {"model", "mmproj", "lock", "inputs"}:
+        raise ConfigError(f"{where}: the {engine} engine takes no {', '.join(unknown)} (it makes its own work)")
+    if not external and set(unknown) <= set(BUILTIN_SETTINGS):
+        raise ConfigError(f"{where}: {', '.join(unknown)} is not a setting of the {engine} engine (its settings: "
+                          f"{', '.join(s.name for s in ENGINES[engine].declaration.settings)})")
+    if external and set(unknown) <= set(BUILTIN_SETTINGS):
+        raise ConfigError(f"{where}: an external engine's settings go in its settings table "
+                          f"(settings = {{{unknown[0]} = ...}})")
+    raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+
+
+def _declared(spec: WorkloadSpec, declare, where: str) -> WorkloadSpec:
+    """An external workload with its engine's declaration (``declare``: its hello), its
+    settings checked against it."""
+    if declare is None:
+        raise ConfigError(f"{where}: an external engine is checked against its hello; "
+                          "load this config with `cancelbench sweep` (which starts the engine once)")
+    try:
+        spec = dataclasses.replace(spec, declaration=declare(spec))
+    except ConfigError:
+        raise
+    except Exception as exc:  # cancelbench.sut.client.EngineError: one line
+        raise ConfigError(f"{where}: {exc}") from None
+    try:
+        spec.resolved_settings()
+    except SettingError as exc:
+        raise ConfigError(str(exc).replace(f"workload {spec.name}", where)) from None
     return spec
 
 

@@ -54,16 +54,19 @@ MARKS_BY_FIXTURE = {
 MARKS_BY_TEST = {
     "test_sweep_interrupt.py": {"cluster"},  # `cancelbench sweep` subprocesses
     "test_sweep_failures.py": {"cluster"},  # `cancelbench sweep` subprocesses
-    "test_harness.py": {"cluster"},
-    "test_external_sweep.py": {"cluster"},  # run_sweep in process on the local_ray fixture  # benchmarks/harness.py runs a sweep in process
+    "test_external_engine.py": {"cluster"},  # `cancelbench sweep` subprocesses with external engines
+    "test_harness.py": {"cluster"},  # benchmarks/harness.py runs a sweep in process
+    "test_external_sweep.py": {"cluster"},  # run_sweep in process on the local_ray fixture
     "test_signals.py": {"cluster"},  # `cancelbench sweep` subprocesses, signalled
     "test_full_disk.py": {"cluster"},  # `cancelbench sweep` subprocesses on a small tmpfs
     "test_clean_stdout.py": {"cluster"},  # a real CLI sweep, then reports (also --engine ray)
     "test_trend.py": {"cluster", "measure"},  # five real sweeps
     "test_ci_doc.py::test_the_recipe_runs_here": {"cluster"},  # the recipe's sweep, twice
+    "test_read_once.py::test_a_part_file_without_latency_ms_is_the_same_verdict_on_both_engines": {"cluster"},  # Ray
     "test_anchors.py::test_event_anchored_cancels_land_in_their_target_phase_under_variance": {"cluster", "measure"},
     "test_contract.py::test_diff_of_sweeps_differing_only_in_graph_slice_says_so": {"cluster"},  # two sweeps
     "test_multihost.py::test_local_ray_listens_on_loopback_only": {"cluster"},
+    "test_outputs_and_inputs.py::test_report_on_ray_prints_no_ray_log_lines": {"cluster"},  # report --engine ray
     # the sha256 check and the device check run on the agents, after Ray started
     "test_cli.py::test_sha_mismatch": {"cluster"},
     "test_cli.py::test_every_bad_config_is_one_line_exit_2_and_writes_nothing[backend the cluster lacks]": {"cluster"},

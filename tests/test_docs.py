@@ -108,3 +108,31 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+PRODUCT_DIRS = ("cancelbench", "orchestrator", "device_agents", "native", "datasets", "reports")
+
+
+def product_modules() -> list[Path]:
+    return sorted(p for d in PRODUCT_DIRS for p in (ROOT / d).rglob("*.py") if p.name != "__init__.py")
+
+
+def test_every_test_hook_lives_in_the_failpoints_module():
+    """Failpoints have one home: a CANCELBENCH_TEST_ name anywhere else in product code is a hook
+    that escaped it (and would be undocumented)."""
+    from cancelbench import failpoints
+
+    stray = [str(p.relative_to(ROOT)) for p in product_modules()
+             if "CANCELBENCH_TEST" in p.read_text() and p.name != "failpoints.py"]
+    assert stray == []
+    text = (ROOT / "cancelbench" / "failpoints.py").read_text()
+    assert all(f"``{name}" in text for name in failpoints.ALL)  # each documented in its table
+
+
+def test_layout_names_every_product_module():
+    """docs/layout.md's module list names every product module (a module added without a
+    word in the layout fails here)."""
+    layout = (ROOT / "docs" / "layout.md").read_text()
+    missing = [str(p.relative_to(ROOT)) for p in product_modules()
+               if not re.search(rf"\b{re.escape(p.stem)}\b", layout)]
+    assert missing == []

@@ -12,7 +12,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from cancelbench.compaction import COMPACTED_FROM, COMPACTED_SUFFIX, PAUSE_ENV, PAUSE_MARKER, STEPS, compact
+from cancelbench.compaction import COMPACTED_FROM, COMPACTED_SUFFIX, PAUSE_MARKER, STEPS, compact
+from cancelbench.failpoints import COMPACT_PAUSE as PAUSE_ENV
 from cancelbench.schema import empty_row
 from cancelbench.sink import (DatasetError, RecordSink, SinkError, completed_trial_ids, read_records, read_table, record_files,
                               write_json_atomic)

@@ -13,7 +13,8 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from cancelbench.compaction import COMPACTED_SUFFIX, PAUSE_ENV, PAUSE_MARKER
+from cancelbench.compaction import COMPACTED_SUFFIX, PAUSE_MARKER
+from cancelbench.failpoints import COMPACT_PAUSE as PAUSE_ENV
 from cancelbench.sink import LOCK_FILE, read_manifest, read_records
 from helpers import probe_sweep
 from test_cli import cancelbench, write

@@ -14,7 +14,6 @@ import queue
 import subprocess
 from dataclasses import asdict, dataclass, field
 
-from cancelbench import native
 
 from .client import EngineError, EngineProcess
 from .declaration import Declaration, SettingError

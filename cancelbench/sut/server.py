@@ -71,18 +71,16 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Protocol
 
 from .declaration import Declaration
+from .trial import Result, Trial, one_line  # noqa: F401 (the engine API: server.Result)
 from .protocol import AGENT_TYPES, MAX_LINE_BYTES, ProtocolError, encode, validate
 from .protocol import decode as decode_line
 
-now_ns = time.monotonic_ns
+from .trial import now_ns  # noqa: E402
 LATCHED_MAX = 1024  # cancels kept for trials not run yet
 FINISHED_MAX = 4096  # trial ids whose late cancels are ignored
-ERROR_MAX = 2000
 _EOF = object()
 
 
@@ -92,172 +90,6 @@ class Engine(Protocol):
     def load(self, models: dict, settings: dict) -> dict | None: ...
 
     def run(self, trial: Trial) -> Result: ...
-
-
-@dataclass
-class Result:
-    """What ``engine.run`` returns: the trial's terminal state (the ``done`` message).
-
-    ``t_terminal_ns`` defaults to when the trial's terminal decision was taken
-    (:meth:`Trial.terminal`, called by the server when run returns if the engine did
-    not); ``phase`` to the last phase entered. ``counters`` are name -> int (None
-    values are left out)."""
-
-    outcome: str  # completed | cancelled | error
-    t_terminal_ns: int | None = None
-    phase: str | None = None
-    output_sha256: str | None = None
-    error: str | None = None
-    counters: dict[str, int | None] = field(default_factory=dict)
-    native_returned_ns: int | None = None
-
-
-def one_line(text: str, limit: int = ERROR_MAX) -> str:
-    return " ".join(str(text).split())[:limit] or "(no message)"
-
-
-class Trial:
-    """One run: its request, its event methods and its cancel state.
-
-    Thread-safety: the cancel side (:meth:`_deliver`) runs on the stdin thread, the
-    rest on the engine's thread. ``on_cancel`` is called under the trial's lock, on
-    the stdin thread, when the first cancel for this trial is read (or at once, on the
-    setting thread, when it is set on a trial that already has one: a latched cancel).
-    If it returns ``False`` the cancel is refused as after the terminal state (e.g.
-    ``CancelControl.request`` after ``close``) and not recorded."""
-
-    def __init__(self, server: Server, msg: dict, t_read: int) -> None:
-        self._server = server
-        self.id: str = msg["trial"]
-        self.input: str = msg["input"]
-        self.mechanism: str = msg["mechanism"]
-        self.settings: dict = dict(msg.get("settings") or {})
-        self.output_path: str | None = msg.get("output_path")
-        self.run_received_ns = t_read
-        self._decl = server.declaration
-        self._lock = threading.Lock()
-        self._event = threading.Event()
-        self._on_cancel: Callable[[int], object] | None = None
-        self._closed = False
-        self._t_terminal: int | None = None
-        self.cancel_received_ns: int | None = None
-        self.current_phase: str | None = None
-        self._in_step = False
-        self._seen_sent = False
-
-    # -- cancel side -------------------------------------------------------
-    @property
-    def cancelled(self) -> bool:
-        """A cancel for this trial was read (latched before the run or during it)."""
-        return self._event.is_set()
-
-    @property
-    def on_cancel(self) -> Callable[[int], object] | None:
-        return self._on_cancel
-
-    @on_cancel.setter
-    def on_cancel(self, hook: Callable[[int], object] | None) -> None:
-        with self._lock:
-            self._on_cancel = hook
-            if hook is not None and self.cancel_received_ns is not None and not self._closed:
-                hook(self.cancel_received_ns)
-
-    def _deliver(self, t_read: int) -> bool:
-        """A cancel read at ``t_read`` (stdin thread). True if recorded."""
-        with self._lock:
-            if self._closed or self.cancel_received_ns is not None:
-                return False
-            hook = self._on_cancel
-            if hook is not None and hook(t_read) is False:
-                return False
-            self.cancel_received_ns = t_read
-            self._event.set()
-            return True
-
-    def wait_cancel(self, timeout: float | None = None) -> bool:
-        """Block until a cancel is read (True) or ``timeout`` s pass (False)."""
-        return self._event.wait(timeout)
-
-    def sleep(self, seconds: float) -> bool:
-        """Sleep ``seconds``, returning early (True) if a cancel is read."""
-        return self._event.wait(max(0.0, seconds))
-
-    def terminal(self) -> tuple[bool, int]:
-        """The trial's terminal decision, atomic with cancel delivery: (a cancel was
-        read before it, its time). Cancels read after it are ignored as late."""
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._t_terminal = now_ns()
-            return self.cancel_received_ns is not None, self._t_terminal
-
-    # -- events ------------------------------------------------------------
-    def phase(self, name: str, t: int | None = None) -> None:
-        """Entered phase ``name`` (a declared one). Entering the current phase again
-        is no event; a step in flight is ended first."""
-        if name not in self._decl.phase_names:
-            raise ValueError(f"phase {name!r} is not declared (declared: {', '.join(self._decl.phase_names)})")
-        if name == self.current_phase:
-            return
-        t = now_ns() if t is None else t
-        if self._in_step:
-            self.step_end(t)
-        self.current_phase = name
-        self._server.send({"type": "phase", "trial": self.id, "phase": name, "t": t})
-
-    def step_start(self, t: int | None = None) -> None:
-        if self.current_phase is None or self.current_phase not in self._decl.step_phases:
-            raise ValueError(f"a step in phase {self.current_phase!r}, which is not declared with steps")
-        if self._in_step:
-            raise ValueError("step_start with a step already started")
-        self._in_step = True
-        self._server.send({"type": "step", "trial": self.id, "phase": self.current_phase, "edge": "start",
-                           "t": now_ns() if t is None else t})
-
-    def step_end(self, t: int | None = None) -> None:
-        if not self._in_step:
-            raise ValueError("step_end without a step started")
-        self._in_step = False
-        self._server.send({"type": "step", "trial": self.id, "phase": self.current_phase, "edge": "end",
-                           "t": now_ns() if t is None else t})
-
-    @contextmanager
-    def step(self) -> Iterator[None]:
-        """One step call: start before, end after (also when it raises)."""
-        self.step_start()
-        try:
-            yield
-        finally:
-            if self._in_step:
-                self.step_end()
-
-    def cancel_seen(self, t: int | None = None) -> None:
-        """The native layer observed the cancel at ``t`` (sent at most once)."""
-        if self._seen_sent:
-            return
-        self._seen_sent = True
-        self._server.send({"type": "cancel_seen", "trial": self.id, "t": now_ns() if t is None else t})
-
-    # -- the end -----------------------------------------------------------
-    def _done(self, result: Result) -> dict:
-        _, t_decided = self.terminal()
-        if self._in_step:
-            self.step_end()
-        phase = result.phase or self.current_phase or self._decl.phase_names[0]
-        msg = {"type": "done", "trial": self.id, "outcome": result.outcome,
-               "t": t_decided if result.t_terminal_ns is None else int(result.t_terminal_ns), "phase": phase}
-        if self.cancel_received_ns is not None:
-            msg["cancel_received_t"] = self.cancel_received_ns
-        if result.native_returned_ns is not None:
-            msg["native_returned_t"] = int(result.native_returned_ns)
-        if result.output_sha256 is not None:
-            msg["output_sha256"] = result.output_sha256
-        if result.outcome == "error" or result.error is not None:
-            msg["error"] = one_line(result.error or "the engine failed without saying why")
-        counters = {k: int(v) for k, v in (result.counters or {}).items() if v is not None}
-        if counters:
-            msg["counters"] = counters
-        return msg
 
 
 class _Lines:

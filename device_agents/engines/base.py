@@ -112,7 +112,7 @@ class CancelControl:
         self.at_receipt: dict = {}
         self.native_returned_ns: int | None = None
         self.last_rc: int | None = None  # return code of the last native call made through call_rc
-        # Test-only variance injection (CANCELBENCH_TEST_STEP_DELAY, set by the agent): called
+        # Test-only variance injection (cancelbench.failpoints.step_delay, set by the agent): called
         # inside each step call, so the step is longer and still in flight. None in real runs.
         self.step_delay: Callable[[int], None] | None = None  # (the step call's start, agent ns)
         self._in_flight_at_receipt = False

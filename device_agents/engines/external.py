@@ -140,31 +140,39 @@ class ExternalEngine:
                                   "answered pings with (its timestamps are not on the clock it declared)")
             last_t = max(last_t, t)
             if kind == "phase":
-                if msg["phase"] not in self.declaration.phase_names:
-                    raise EngineError(f"the engine entered phase {msg['phase']!r}, which it did not declare")
-                if segments:
-                    segments[-1][2] = t
-                segments.append([msg["phase"], t, None])
-                progress.phase = msg["phase"]
-                progress.emit("phase", msg["phase"], t)
+                self._phase(progress, segments, msg["phase"], t)
             elif kind == "step":
-                phase = msg["phase"]
-                if msg["edge"] == "start":
-                    step_start = t
-                    steps[phase] = steps.get(phase, 0) + 1
-                    progress.steps[phase] = steps[phase]
-                    progress.native_call = "step"
-                    progress.emit("step", phase, t)
-                else:
-                    if step_start is not None:
-                        step_min[phase] = min(step_min.get(phase, t - step_start), t - step_start)
-                    step_start = None
-                    progress.native_call = None
-                    progress.emit("step_end", phase, t)
+                step_start = self._step(progress, steps, step_min, step_start, msg, t)
             elif kind == "cancel_seen":
                 observed = observed or t
             else:
                 return self._done(ctl, msg, got, segments, steps, step_min, observed)
+
+    def _phase(self, progress, segments: list, phase: str, t: int) -> None:
+        """A phase entered: the timeline, and the agent's anchors (Progress.emit)."""
+        if phase not in self.declaration.phase_names:
+            raise EngineError(f"the engine entered phase {phase!r}, which it did not declare")
+        if segments:
+            segments[-1][2] = t
+        segments.append([phase, t, None])
+        progress.phase = phase
+        progress.emit("phase", phase, t)
+
+    @staticmethod
+    def _step(progress, steps: dict, step_min: dict, step_start: int | None, msg: dict, t: int) -> int | None:
+        """A step call started or returned: counted, timed, announced; the open step's start."""
+        phase = msg["phase"]
+        if msg["edge"] == "start":
+            steps[phase] = steps.get(phase, 0) + 1
+            progress.steps[phase] = steps[phase]
+            progress.native_call = "step"
+            progress.emit("step", phase, t)
+            return t
+        if step_start is not None:
+            step_min[phase] = min(step_min.get(phase, t - step_start), t - step_start)
+        progress.native_call = None
+        progress.emit("step_end", phase, t)
+        return None
 
     def _done(self, ctl: CancelControl, msg: dict, got: Received, segments: list, steps: dict, step_min: dict,
               observed: int | None) -> EngineResult:

@@ -8,11 +8,13 @@ cancelbench.sut.server. Defects that happen during a run happen in the N-th run
 Modes: exit_at_start (a line on stderr, exit 3 before hello), never_hello (sleeps
 forever), wrong_version (hello with protocol 2), not_json (a non-JSON line during a
 run), huge_line (a 10 MB line during a run), other_clock (pongs on
-time.monotonic_ns, events stamped with time.time_ns), unknown_trial (an event for a
-trial id that is not running), two_dones (two done for one run), close_stdout
-(closes stdout mid-run and keeps running), sigill (kills itself with SIGILL during
-the N-th run), silent (answers nothing, pings included, from the middle of a run),
-ignores_shutdown (ignores shutdown, end of stdin and SIGTERM; keeps sleeping).
+time.monotonic_ns, the N-th run's events stamped with time.time_ns), unknown_trial
+(an event for a trial id that is not running), two_dones (two done for one run),
+close_stdout (closes stdout mid-run and keeps running), sigill (kills itself with
+SIGILL during the N-th run), silent (answers nothing, pings included, from the
+middle of a run), ignores_shutdown (ignores shutdown, end of stdin and SIGTERM;
+keeps sleeping). A mode that serves says so on stderr first, with its pid (a
+sweep keeps it in the first record's engine_stderr: a restart shows a new pid).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class Misbehave:
 
     def run(self, trial: Trial) -> Result:
         self.runs += 1
-        other_clock = self.mode == "other_clock"
+        other_clock = self.mode == "other_clock" and self.runs == self.n
         stamp = time.time_ns if other_clock else time.monotonic_ns
         trial.phase("work", stamp())
         for i in range(self.steps):
@@ -111,6 +113,7 @@ def main(argv: list[str]) -> None:
         sleep_forever()
     if mode == "ignores_shutdown":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print(f"misbehave {mode}: pid {os.getpid()} serving", file=sys.stderr, flush=True)  # kept in engine_stderr
     engine = Misbehave(mode, n)
     out_fd = os.dup(1)
     server = make_server(engine, stdout=_FdOut(out_fd), eof_grace_s=None)

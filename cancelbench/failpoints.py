@@ -1,0 +1,67 @@
+"""Failpoints: the one home of every test hook in product code.
+
+A failpoint is an environment variable a test sets to make the product do
+something a real run never does, at a named point, so the test can observe
+behaviour that timing alone would not produce reliably. Each is read where it
+acts, through this module; unset (every real run), each reader returns None at
+the cost of one ``os.environ`` lookup, and the product code path is unchanged.
+
+| variable | where it acts | what it does |
+|---|---|---|
+| ``CANCELBENCH_TEST_STEP_DELAY=FACTOR,PERIOD`` | the agent, inside each step call of an engine | one trial in PERIOD (chosen by a hash of its id) has every step call last FACTOR times as long, busy in native code with the GIL free: run-to-run variance for the anchor tests |
+| ``CANCELBENCH_TEST_COMPACT_PAUSE=STEP`` | compaction, at STEP (written, committed, removing) | the first time compaction reaches STEP it writes ``.compact-paused`` in the partition and waits to be killed: a SIGKILL at exactly that point |
+| ``CANCELBENCH_TEST_CLOCK_SKEW_NS=N`` | the native library, at its first load | adds N ns to the agent clock: a known skew for the clock-offset estimate |
+
+Tests that run agents on other hosts (tests/netns.py) drop every ``CANCELBENCH_TEST``
+variable from the hosts' environment. Every ``CANCELBENCH_TEST`` name in product
+code lives in this file (tests/test_docs.py checks that).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Callable
+
+STEP_DELAY = "CANCELBENCH_TEST_STEP_DELAY"
+COMPACT_PAUSE = "CANCELBENCH_TEST_COMPACT_PAUSE"
+CLOCK_SKEW_NS = "CANCELBENCH_TEST_CLOCK_SKEW_NS"
+ALL = (STEP_DELAY, COMPACT_PAUSE, CLOCK_SKEW_NS)
+
+
+def step_delay(trial_id: str) -> Callable[[int], None] | None:
+    """``CANCELBENCH_TEST_STEP_DELAY``: the stretch to run inside each step call of this trial
+    (``CancelControl.step_delay``, called with the step call's start, agent ns), or None."""
+    spec = os.environ.get(STEP_DELAY)
+    if not spec:
+        return None
+    factor, period = spec.split(",")
+    # A real hash: crc32 is linear, so ids that differ in their last digits (ref.000, ref.001,
+    # ref.002) shared one parity, and every reference run of a workload was slowed or none was.
+    if int.from_bytes(hashlib.sha256(trial_id.encode()).digest()[:8], "big") % int(period):
+        return None
+    from cancelbench import native
+
+    never_set = native.CancelToken()
+
+    def stretch(t_start_ns: int) -> None:
+        # Busy in native code, through ctypes, so the GIL is free as it is in the engine's own
+        # native calls. A Python busy loop held it: the agent's anchor reply and cancel threads
+        # then waited for the interpreter's 5 ms switch interval, an event hop no real engine
+        # causes, and driver-delivered cancels missed phases they reach in real runs.
+        extra_us = int((float(factor) - 1.0) * (native.now_ns() - t_start_ns) / 1e3)
+        if extra_us > 0:
+            native.probe_busy(never_set, extra_us, extra_us)
+
+    return stretch
+
+
+def compact_pause() -> str | None:
+    """``CANCELBENCH_TEST_COMPACT_PAUSE``: the compaction step to stop at, or None."""
+    return os.environ.get(COMPACT_PAUSE) or None
+
+
+def clock_skew_ns() -> int | None:
+    """``CANCELBENCH_TEST_CLOCK_SKEW_NS``: the agent-clock skew to add, or None."""
+    skew = os.environ.get(CLOCK_SKEW_NS)
+    return int(skew) if skew else None
