@@ -34,7 +34,7 @@ DEMO_OUT ?= results/demo-$(shell date +%Y%m%d-%H%M%S)
 .PHONY: demo test test-all test-fast setup system-deps wheel fixtures bench clean
 
 demo: setup fixtures
-	$(BIN)/cancelbench sweep --out $(DEMO_OUT)
+	$(BIN)/cancelbench sweep --config datasets/sweeps/demo.toml --out $(DEMO_OUT)
 
 # CI's command (.ci/run): everything except the `measure` tests (rates over several real
 # sweeps each: the anchors' hit rate under injected variance, trend across five sweeps),

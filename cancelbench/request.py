@@ -4,7 +4,7 @@ One typed, immutable :class:`TrialRequest`, built by the driver from a planned
 trial and its resolved input, validated once (at config load and plan time),
 shipped to the agent by Ray and handed to the engine as is. Engine settings
 (model, sizes, sampling, graph slice) travel once per workload in the load
-payload (``WorkloadSpec.engine_payload``), not per trial.
+payload (``WorkloadSpec.engine_params``, ``runner.workload_payload``), not per trial.
 
 Ray-free and native-free: the driver, the agent and tests import it.
 """

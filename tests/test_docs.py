@@ -136,3 +136,15 @@ def test_layout_names_every_product_module():
     missing = [str(p.relative_to(ROOT)) for p in product_modules()
                if not re.search(rf"\b{re.escape(p.stem)}\b", layout)]
     assert missing == []
+
+
+def test_make_demo_runs_every_mechanism_graph_eval_included():
+    """A newcomer's first report (make demo) shows graph_eval, the mechanism that stops mid-graph
+    on every backend, beside the other three."""
+    from cancelbench.engine_decls import MECHANISM_NAMES
+    from cancelbench.orchestrator.config import load_config
+
+    makefile = (ROOT / "Makefile").read_text()
+    demo = re.search(r"^demo:.*\n\t(.*)$", makefile, re.M).group(1)
+    config_path = re.search(r"--config (\S+)", demo).group(1)
+    assert set(load_config(ROOT / config_path).mechanisms) == set(MECHANISM_NAMES)
