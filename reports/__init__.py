@@ -3,7 +3,8 @@ decomposition (``report``) and sweep-to-sweep regression checks (``diff``).
 
 ``build_report`` is the one entry point both the CLI and the benchmarks use;
 ``engine="ray"`` runs the cell aggregation on Ray Data instead of pandas and
-must give identical numbers.
+must give identical numbers.  Either way each dataset is read once
+(``load.read_once``) and everything else is derived from that scan.
 """
 
 from __future__ import annotations
@@ -11,55 +12,73 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
-from .load import DEFECT_OUTCOMES, Filters, TABLE_COLUMNS, load_frame, scan_table
-from .targeting import load_targeting
+from .legend import BUILD_COLUMNS, attach_builds, builds_of
+from .load import (DEFECT_OUTCOMES, PLOT_SOURCE_COLUMNS, REFERENCE_COLUMNS, TABLE_COLUMNS, Filters, Scan, frame_of,
+                   read_once, records_of, references_of, require_rows, samples_of)
+from .targeting import COLUMNS as TARGETING_COLUMNS
+from .targeting import targeting_of
 from .tables import (DEFECT_COLUMNS, Report, ReportSpec, aggregate_cells, aggregate_hops, defects_table,
                      device_infos)
 
+# Everything a report derives besides the cells (Ray reads the cells' columns itself).
+SIDE_COLUMNS = list(dict.fromkeys([*DEFECT_COLUMNS, "engine", *TARGETING_COLUMNS, *BUILD_COLUMNS]))
+PLOT_COLUMNS = list(dict.fromkeys([*PLOT_SOURCE_COLUMNS, *REFERENCE_COLUMNS]))
+
+
+def defects_of(scan: Scan) -> pd.DataFrame:
+    """Dropped/lost trials of any kind and the invalid records of one scan."""
+    raw = scan.rows(kinds=None, outcomes=DEFECT_OUTCOMES).select(DEFECT_COLUMNS).to_pandas()
+    if len(scan.invalid):
+        raw = pd.concat([raw, scan.invalid.reindex(columns=DEFECT_COLUMNS)], ignore_index=True)
+    return defects_table(raw)
+
 
 def load_defects(dirs: list[str | Path], filters: Filters) -> pd.DataFrame:
-    """Dropped/lost trials of any kind (a second, narrow scan: cheap)."""
-    f = Filters(workloads=filters.workloads, backends=filters.backends, hosts=filters.hosts,
-                trial_kinds=None, outcomes=DEFECT_OUTCOMES)
-    return defects_table(scan_table(dirs, DEFECT_COLUMNS, f).to_pandas())
+    """``defects_of`` a scan of its own."""
+    return defects_of(read_once(dirs, DEFECT_COLUMNS, filters))
 
 
-def simulated_engines(dirs: list[str | Path], filters: Filters) -> list[str]:
-    """Engines among the filtered records that the registry marks as simulated (one narrow scan)."""
+def simulated_of(table: pa.Table) -> list[str]:
+    """Engines among the rows that the registry marks as simulated."""
     from cancelbench.device_agents.engines.registry import ENGINES
 
-    table = scan_table(dirs, ["engine"], filters)
     names = {str(e) for e in table.column("engine").unique().to_pylist() if e is not None}
     return sorted(n for n in names if n in ENGINES and ENGINES[n].simulated)
 
 
 def build_report(dirs: list[str | Path], spec: ReportSpec = ReportSpec(), filters: Filters = Filters(),
                  engine: str = "pandas", with_samples: bool = False, address: str | None = None) -> Report:
-    """``with_samples``: also keep the plots' latency samples (``Report.samples``), from the same scan.
+    """``with_samples``: also keep the plots' latency samples (``Report.samples``) and the
+    reference runs (``Report.references``), from the same scan.
     ``address``: the Ray cluster of ``engine="ray"`` (default: RAY_ADDRESS, else a local Ray)."""
+    if engine not in ("pandas", "ray"):
+        raise ValueError(f"unknown engine {engine!r}")
+    # pandas: one scan for everything; Ray: this scan for all but the cells, which Ray reads
+    columns = [*(TABLE_COLUMNS if engine == "pandas" else []), *SIDE_COLUMNS, *(PLOT_COLUMNS if with_samples else [])]
+    scan = read_once(dirs, list(dict.fromkeys(columns)), filters)
+    records = records_of(scan, filters)
+    require_rows(records, scan.dirs, len(scan.invalid))  # none: an error (before Ray starts)
     if engine == "ray":
-        from .load import load_plot_samples
         from .raydata import build_report_ray
 
-        report = build_report_ray(dirs, spec, filters, address=address)
-        report.samples = load_plot_samples(dirs, filters) if with_samples else None
-        report.simulated = simulated_engines(dirs, filters)
-        report.targeting = load_targeting(dirs, filters)
-        return report
-    if engine != "pandas":
-        raise ValueError(f"unknown engine {engine!r}")
-    from .legend import attach_builds
-
-    loaded = load_frame(dirs, TABLE_COLUMNS, filters, with_samples=with_samples)
-    frame = loaded.frame
-    report = Report(
-        spec=spec, dirs=loaded.dirs, cells=aggregate_cells(frame, spec),
-        pooled=aggregate_cells(frame, spec, pool_phases=True), hops=aggregate_hops(frame),
-        devices=device_infos(frame), defects=load_defects(dirs, filters), n_records=len(frame),
-        samples=loaded.samples, simulated=simulated_engines(dirs, filters), targeting=load_targeting(dirs, filters),
-    )
-    attach_builds(report, dirs, filters)
+        report = build_report_ray(scan, spec, filters, address=address)
+    else:
+        frame = frame_of(records, scan.dirs, len(scan.invalid))
+        report = Report(
+            spec=spec, dirs=scan.dirs, cells=aggregate_cells(frame, spec),
+            pooled=aggregate_cells(frame, spec, pool_phases=True), hops=aggregate_hops(frame),
+            devices=device_infos(frame), defects=pd.DataFrame(), n_records=len(frame))
+        del frame
+    report.defects = defects_of(scan)
+    report.simulated = simulated_of(records)
+    report.targeting = targeting_of(records)
+    report.repeats = scan.repeats
+    if with_samples:
+        report.samples = samples_of(records)
+        report.references = references_of(scan)
+    attach_builds(report, builds_of(scan.table))
     return report
 
 

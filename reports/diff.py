@@ -37,15 +37,21 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from cancelbench.sink import DatasetError
 
 from . import stats
 from .format import MARKDOWN_LIMIT, jsonable, markdown_document, md_safe, render_terminal_table, term_safe
 from .sections import Section, fmt_ms
-from .settings import check_settings
-from .load import TABLE_COLUMNS, Filters, load_frame
-from .tables import ROW_KEYS, BoundSpec, ReportSpec, summarize_cell_arrays
+from .legend import BUILD_COLUMNS, builds_by_class_of, builds_legend
+from .load import TABLE_COLUMNS, Filters, frame_of, read_once, records_of
+from .settings import CLASS_COLUMNS, SettingsByCell, check_settings, settings_by_cell
+from .settings import COLUMNS as SETTINGS_COLUMNS
+from .tables import NONE_LABEL, ROW_KEYS, BoundSpec, ReportSpec, device_class_key, sample_mask, summarize_cell_arrays
+
+# What diff (and trend) read of each side, in its one scan: the cells, the settings check, the builds legend.
+DIFF_COLUMNS = list(dict.fromkeys([*TABLE_COLUMNS, *SETTINGS_COLUMNS, *CLASS_COLUMNS, *BUILD_COLUMNS]))
 
 
 class DiffInputError(DatasetError):
@@ -114,6 +120,8 @@ class DiffResult:
     # cells, for the HTML page's overlaid ECDFs
     samples: dict[tuple, tuple[np.ndarray | None, np.ndarray | None]] = field(default_factory=dict)
     legend: list[Section] = field(default_factory=list)  # extra legend sections (builds), rendered last
+    notes: list[str] = field(default_factory=list)  # datasets counted once; invalid records outside every cell
+    invalid: int = 0  # invalid records on both sides (load.invalid_records): the diff fails
 
     @property
     def regressed(self) -> list[CellDiff]:
@@ -121,7 +129,7 @@ class DiffResult:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.regressed else 0
+        return 1 if self.regressed or self.invalid else 0
 
     def counts(self) -> dict[str, int]:
         return pd.Series([c.verdict for c in self.cells], dtype=object).value_counts().sort_index().to_dict()
@@ -150,9 +158,67 @@ def _cells_by_class(frame: pd.DataFrame, spec: ReportSpec, class_map: dict[str, 
     out = {}
     for key, idx in f.groupby(keys, sort=True, observed=True).indices.items():
         cell = summarize_cell_arrays(key, outcome[idx], lat[idx], cost[idx], ids[idx], spec)
-        ok = (outcome[idx] == "cancelled") & ~np.isnan(lat[idx])
-        out[tuple(map(str, key))] = _Side(cell, np.sort(lat[idx][ok]))
+        out[tuple(map(str, key))] = _Side(cell, np.sort(lat[idx][sample_mask(outcome[idx], lat[idx])]))
     return out
+
+
+@dataclass
+class SideData:
+    """One side of a diff (or one sweep of a trend), from its one scan."""
+
+    cells: dict[tuple, _Side]
+    settings: SettingsByCell
+    builds: dict[str, dict[str, str]]  # device class -> build facts
+    invalid: dict[tuple, list[str]]  # cell key -> "trial id: why" of its invalid records
+    dirs: list[str]
+    repeats: list[str]
+
+
+def read_side(dirs: list[str | Path], spec: ReportSpec, filters: Filters, class_map: dict[str, str],
+              extra: tuple[str, ...] = ()) -> tuple[SideData, pa.Table]:
+    """Read ``dirs`` once (each dataset once) and derive a side's cells, settings, builds and
+    invalid records; also returns the scanned rows (``extra`` columns: what a trend orders by)."""
+    scan = read_once(dirs, list(dict.fromkeys([*DIFF_COLUMNS, *extra])), filters)
+    records = records_of(scan, filters)
+    cells = _cells_by_class(frame_of(records, scan.dirs, len(scan.invalid)), spec, class_map)
+    side = SideData(cells, settings_by_cell(records, class_map), builds_by_class_of(scan.table),
+                    _invalid_by_cell(scan.invalid, class_map), scan.dirs, scan.repeats)
+    return side, scan.table
+
+
+def _invalid_by_cell(invalid: pd.DataFrame, class_map: dict[str, str]) -> dict[tuple, list[str]]:
+    out: dict[tuple, list[str]] = {}
+    for r in invalid.astype(object).where(invalid.notna(), None).to_dict("records") if len(invalid) else []:
+        label = lambda c: NONE_LABEL if r.get(c) is None else str(r[c])  # noqa: E731
+        cls = device_class_key(*(label(c) for c in CLASS_COLUMNS))
+        key = (label("workload"), label("phase_at_receipt"), label("mechanism"), label("delivery"),
+               class_map.get(cls, cls))
+        out.setdefault(key, []).append(f"{r.get('trial_id')}: {r.get('error')}")
+    return out
+
+
+def _regressed(cell: CellDiff, said: str) -> None:
+    cell.reasons.append(said)
+    cell.verdict = "regressed"
+
+
+def attach_invalid(cells: list, sides: list[tuple[str, dict[tuple, list[str]]]],
+                   mark=_regressed) -> tuple[int, list[str]]:
+    """Name each side's invalid records in the reasons of its cell, which then regressed (the
+    comparison cannot be trusted): ``mark(cell, text)``; (how many there are, notes for those
+    outside every cell)."""
+    by_key = {c.key: c for c in cells}
+    n, notes = 0, []
+    for name, invalid in sides:
+        for key, what in sorted(invalid.items()):
+            n += len(what)
+            said = f"{name}: {len(what)} invalid record(s) ({'; '.join(what[:3])}{' ...' if len(what) > 3 else ''})"
+            cell = by_key.get(key)
+            if cell is None:
+                notes.append(f"{said} in {'/'.join(key)}")
+                continue
+            mark(cell, said)
+    return n, notes
 
 
 def _cell_seed(seed: int, key: tuple) -> int:
@@ -229,11 +295,11 @@ def parse_class_map(pairs: list[str]) -> tuple[tuple[str, str], ...]:
 
 def run_diff(baseline: list[str | Path], candidate: list[str | Path], spec: DiffSpec = DiffSpec(),
              filters: Filters = Filters()) -> DiffResult:
+    """Each side read once (``read_side``); the builds legend is filled from the same scans."""
     rspec = spec.report_spec()
-    base_frame = load_frame(baseline, TABLE_COLUMNS, filters).frame
-    cand_frame = load_frame(candidate, TABLE_COLUMNS, filters).frame
-    base = _cells_by_class(base_frame, rspec, dict(spec.class_map))
-    cand = _cells_by_class(cand_frame, rspec, {})
+    base_side, _ = read_side(baseline, rspec, filters, dict(spec.class_map))
+    cand_side, _ = read_side(candidate, rspec, filters, {})
+    base, cand = base_side.cells, cand_side.cells
     base_classes = {k[-1] for k in base}
     cand_classes = {k[-1] for k in cand}
     common = base_classes & cand_classes
@@ -241,7 +307,7 @@ def run_diff(baseline: list[str | Path], candidate: list[str | Path], spec: Diff
         raise DiffInputError(
             f"no common device class: baseline has {sorted(base_classes)}, candidate has {sorted(cand_classes)}; "
             "pass --map-class BASELINE_CLASS=CANDIDATE_CLASS to compare across classes")
-    check_settings(baseline, candidate, spec.ignore_settings, dict(spec.class_map), filters)
+    check_settings(base_side.settings, cand_side.settings, spec.ignore_settings)
     reverse = {c: b for b, c in spec.class_map}
     cells = []
     for key in sorted(set(base) | set(cand)):
@@ -255,14 +321,18 @@ def run_diff(baseline: list[str | Path], candidate: list[str | Path], spec: Diff
             cells.append(_one_sided(key, cand[key], "new", base_class, spec))
         else:
             cells.append(_one_sided(key, base[key], "missing", base_class, spec))
+    n_invalid, invalid_notes = attach_invalid(cells, [("baseline", base_side.invalid),
+                                                      ("candidate", cand_side.invalid)])
     order = {"regressed": 0, "insufficient": 2, "improved": 3, "new": 4, "missing": 5, "unchanged": 6}
     cells.sort(key=lambda d: (order.get(d.verdict, 9), d.key))
     samples = {d.key: (base[d.key].sorted_latency if d.key in base else None,
                        cand[d.key].sorted_latency if d.key in cand else None)
                for d in cells if d.verdict in ("regressed", "improved")}
-    return DiffResult(spec, [str(p) for p in baseline], [str(p) for p in candidate], cells,
+    legend = builds_legend([("baseline", base_side.builds), ("candidate", cand_side.builds)])
+    return DiffResult(spec, base_side.dirs, cand_side.dirs, cells,
                       sorted(reverse.get(c, c) for c in base_classes - common), sorted(cand_classes - common),
-                      samples)
+                      samples, [legend] if legend.rows else [], base_side.repeats + cand_side.repeats + invalid_notes,
+                      n_invalid)
 
 
 # ------------------------------------------------------------- rendering --
@@ -302,7 +372,7 @@ def class_notes(result: DiffResult) -> list[str]:
         notes.append("compared across classes: " + ", ".join(f"{b} -> {c}" for b, c in result.spec.class_map))
     if result.spec.ignore_settings:
         notes.append("settings allowed to differ: " + ", ".join(result.spec.ignore_settings))
-    return notes
+    return notes + result.notes
 
 
 def diff_to_terminal(result: DiffResult) -> str:

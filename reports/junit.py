@@ -78,7 +78,7 @@ def _defects_by_cell(report: Report) -> dict[tuple, dict[str, list[str]]]:
 
 def _defect_text(by_outcome: dict[str, list[str]]) -> tuple[list[str], list[str], int]:
     parts, kinds, n = [], [], 0
-    for outcome, what in (("dropped", "dropped cancel"), ("lost", "lost trial")):
+    for outcome, what in (("dropped", "dropped cancel"), ("lost", "lost trial"), ("invalid", "invalid record")):
         ids = sorted(by_outcome.get(outcome, []))
         if ids:
             parts.append(f"{len(ids)} {what}{'s' if len(ids) > 1 else ''}: {_ids(ids)}")

@@ -2,7 +2,7 @@
 
 What the agent loaded and ran on (see ``cancelbench.schema``): the llama.cpp
 build and commit, ggml version and backends, OS, kernel, GPU driver and the
-cancelbench version/git describe.  Read in one narrow scan of distinct values;
+cancelbench version/git describe.  Taken from the command's one scan (distinct values);
 a device whose rows disagree (a resumed sweep on an upgraded host) shows every
 value, joined by `` | ``.  Datasets written before these columns existed read
 them as null and show nothing.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .load import Filters, scan_table
+from .load import Filters, read_once
 
 BUILD_COLUMNS = ("llama_cpp_python_version", "llama_cpp_build", "llama_cpp_commit", "ggml_version", "ggml_backends",
                  "gpu_driver_version", "os_release", "kernel_version", "cancelbench_version",
@@ -39,29 +39,19 @@ def distinct_builds(table: pa.Table, key_columns: list[str]) -> dict[tuple, dict
     return {k: {c: " | ".join(sorted(v)) for c, v in facts.items() if v} for k, facts in out.items()}
 
 
-def load_builds(dirs: list[str | Path], filters: Filters = Filters()) -> dict[str, dict[str, str]]:
-    """device key (``host/device``, as the report's cells) -> build facts."""
-    f = Filters(workloads=filters.workloads, backends=filters.backends, hosts=filters.hosts,
-                trial_kinds=("cancel", "reference"))
-    table = scan_table(dirs, ["host", "device", *BUILD_COLUMNS], f)
+def builds_of(table: pa.Table) -> dict[str, dict[str, str]]:
+    """device key (``host/device``, as the report's cells) -> build facts, from the rows of a scan."""
+    table = table.select(["host", "device", *BUILD_COLUMNS])
     table = table.append_column("device_key", pc.binary_join_element_wise(
         pc.fill_null(table.column("host").cast(pa.string()), "(none)"),
         pc.fill_null(table.column("device").cast(pa.string()), "(none)"), "/"))
     return {k[0]: v for k, v in distinct_builds(table, ["device_key"]).items()}
 
 
-def attach_builds(report, dirs: list[str | Path], filters: Filters = Filters()) -> None:
-    """Fill ``DeviceInfo.build`` of every device of the report."""
-    builds = load_builds(dirs, filters)
-    for info in report.devices:
-        info.build = builds.get(info.device, {})
-
-
-def builds_by_class(dirs: list[str | Path], filters: Filters = Filters()) -> dict[str, dict[str, str]]:
-    """device class (``platform/arch/backend/device_name``, what diff and trend match on) -> build facts."""
-    f = Filters(workloads=filters.workloads, backends=filters.backends, hosts=filters.hosts,
-                trial_kinds=("cancel", "reference"))
-    table = scan_table(dirs, ["platform", "arch", "backend", "device_name", *BUILD_COLUMNS], f)
+def builds_by_class_of(table: pa.Table) -> dict[str, dict[str, str]]:
+    """device class (``platform/arch/backend/device_name``, what diff and trend match on) -> build
+    facts, from the rows of a scan."""
+    table = table.select(["platform", "arch", "backend", "device_name", *BUILD_COLUMNS])
     parts = [pc.fill_null(table.column(c).cast(pa.string()), "(none)")
              for c in ("platform", "arch", "backend", "device_name")]
     cls = parts[0]
@@ -69,6 +59,25 @@ def builds_by_class(dirs: list[str | Path], filters: Filters = Filters()) -> dic
         cls = pc.binary_join_element_wise(cls, p, "/")
     table = table.append_column("device_class", cls)
     return {k[0]: v for k, v in distinct_builds(table, ["device_class"]).items()}
+
+
+CLASS_COLUMNS = ["platform", "arch", "backend", "device_name"]
+
+
+def load_builds(dirs: list[str | Path], filters: Filters = Filters()) -> dict[str, dict[str, str]]:
+    """``builds_of`` the cancel and reference trials of ``dirs``, in a scan of its own."""
+    return builds_of(read_once(dirs, ["host", "device", *BUILD_COLUMNS], filters).table)
+
+
+def attach_builds(report, builds: dict[str, dict[str, str]]) -> None:
+    """Fill ``DeviceInfo.build`` of every device of the report."""
+    for info in report.devices:
+        info.build = builds.get(info.device, {})
+
+
+def builds_by_class(dirs: list[str | Path], filters: Filters = Filters()) -> dict[str, dict[str, str]]:
+    """``builds_by_class_of`` the cancel and reference trials of ``dirs``, in a scan of its own."""
+    return builds_by_class_of(read_once(dirs, [*CLASS_COLUMNS, *BUILD_COLUMNS], filters).table)
 
 
 def builds_legend(sides: list[tuple[str, dict[str, dict[str, str]]]]):

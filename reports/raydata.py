@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from cancelbench.schema import FILE_SCHEMA
 from cancelbench.sink import DatasetError
 
-from .load import DEFECT_OUTCOMES, Filters, TABLE_COLUMNS, records_files
-from .tables import (ALL_PHASES, CELL_KEYS, CELL_VALUE_COLUMNS, DEFECT_COLUMNS, HOPS, CellStats, HopStats, Report,
-                     ReportSpec, defects_table, device_infos, prepare_table, sort_cells, summarize_cell,
-                     summarize_hops)
+from .load import TABLE_COLUMNS, Filters, Scan, records_files
+from .tables import (ALL_PHASES, CELL_KEYS, CELL_VALUE_COLUMNS, HOPS, CellStats, HopStats, Report, ReportSpec,
+                     device_infos, prepare_table, sort_cells, summarize_cell, summarize_hops)
 
 _DEVICE_INFO_COLUMNS = ["device_key", "hostname", "device_name", "platform", "arch", "backend"]
 
@@ -40,13 +41,17 @@ def _ray_filter(filters: Filters):
 def _read(paths: list[str], columns: list[str], filters: Filters):
     import ray.data
 
-    data = ray.data.read_parquet(paths).select_columns(columns)  # projection is pushed into the read
+    # The record schema (less the partition columns, which come from the paths): a part file that
+    # lacks a column reads it as null, as pyarrow's reader does for the pandas engine.
+    data = ray.data.read_parquet(paths, schema=FILE_SCHEMA).select_columns(columns)  # projection pushed down
     expr = _ray_filter(filters)
     return data.filter(expr=expr) if expr is not None else data
 
 
-def _prepare_batch(batch: pa.Table) -> pa.Table:
+def _prepare_batch(batch: pa.Table, exclude: frozenset[str] = frozenset()) -> pa.Table:
     # Plain strings (no dictionaries): blocks from different files must concatenate.
+    if exclude:  # the duplicated trial ids of this dataset (load.invalid_records): none of their records counts
+        batch = batch.filter(pc.invert(pc.is_in(batch.column("trial_id"), pa.array(sorted(exclude)))))
     return prepare_table(batch, dictionary=False).select(
         list(CELL_KEYS) + CELL_VALUE_COLUMNS + ["end_to_end_ms", *HOPS] + _DEVICE_INFO_COLUMNS[1:])
 
@@ -70,31 +75,39 @@ def ensure_ray(address: str | None = None) -> None:
     """Connect to ``address`` (or RAY_ADDRESS); without one start a private
     local Ray on 127.0.0.1 -- never attach to whatever cluster happens to run
     on this machine; that one is loopback-only with token auth (raylocal)."""
+    import logging
     import os
 
     import ray
 
-    if not ray.is_initialized():
+    if not ray.is_initialized():  # quiet: Ray's INFO lines are not the report's (a failure still says why)
         address = address or os.environ.get("RAY_ADDRESS")
         if address:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         else:
             from cancelbench.raylocal import start_local
 
-            start_local(log_to_driver=False)
+            start_local(log_to_driver=False, logging_level=logging.WARNING)
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.ERROR)  # per-dataset INFO lines, "progress bars disabled"
 
 
-def build_report_ray(dirs: list[str | Path], spec: ReportSpec, filters: Filters = Filters(),
+def build_report_ray(scan: Scan, spec: ReportSpec, filters: Filters = Filters(),
                      address: str | None = None) -> Report:
-    paths = records_files(dirs)  # validates dirs and schema versions first: bad input never reaches Ray
+    """Cells, hops and devices of the datasets ``scan`` read (each once, its duplicated trial
+    ids left out), aggregated on Ray; the caller adds what it derives from ``scan`` itself."""
+    files = records_files(scan.dirs)  # validates dirs and schema versions first: bad input never reaches Ray
     ensure_ray(address)
     import ray
 
     parts = max(2, int(ray.cluster_resources().get("CPU", 2)))  # the default 200 shuffle partitions is all overhead
-    prepared = _read(paths, TABLE_COLUMNS, filters).map_batches(_prepare_batch, batch_format="pyarrow").materialize()
+    reads = [_read(paths, TABLE_COLUMNS, filters).map_batches(
+        _prepare_batch, batch_format="pyarrow", fn_kwargs={"exclude": frozenset(scan.excluded.get(i, ()))})
+        for i, paths in enumerate(files) if paths]
+    prepared = (reads[0].union(*reads[1:]) if len(reads) > 1 else reads[0]).materialize()
+
     def cells_of(keys: list[str], pooled: bool) -> list[CellStats]:
         rows = prepared.groupby(keys, num_partitions=parts).map_groups(
             _cells_fn, batch_format="pandas", fn_kwargs={"spec": spec, "pooled": pooled}).take_all()
@@ -102,19 +115,11 @@ def build_report_ray(dirs: list[str | Path], spec: ReportSpec, filters: Filters 
 
     cells = cells_of(list(CELL_KEYS), False)
     pooled = cells_of([k for k in CELL_KEYS if k != "phase"], True)
-    if not cells:
-        raise DatasetError(f"{', '.join(map(str, dirs))}: no cancel records (empty dataset or filters match nothing)")
+    if not cells and not len(scan.invalid):  # none left after the invalid records: the report fails on those
+        raise DatasetError(f"{', '.join(scan.dirs)}: no cancel records (empty dataset or filters match nothing)")
     hop_rows = prepared.groupby("device_key", num_partitions=parts).map_groups(
         _hops_fn, batch_format="pandas").take_all()
     hops = sorted((HopStats(**json.loads(r["hop"])) for r in hop_rows), key=lambda h: h.device)
     devices = device_infos(prepared.map_batches(_device_rows, batch_format="pandas").to_pandas())
-    defect_filters = Filters(workloads=filters.workloads, backends=filters.backends, hosts=filters.hosts,
-                             trial_kinds=None, outcomes=DEFECT_OUTCOMES)
-    raw_defects = _read(paths, DEFECT_COLUMNS, defect_filters).to_pandas()
-    defects = defects_table(raw_defects.reindex(columns=DEFECT_COLUMNS))
-    report = Report(spec=spec, dirs=[str(d) for d in dirs], cells=cells, pooled=pooled, hops=hops, devices=devices,
-                    defects=defects, n_records=sum(c.n_trials for c in cells))
-    from .legend import attach_builds
-
-    attach_builds(report, dirs, filters)  # a narrow pyarrow scan of distinct values, on this machine
-    return report
+    return Report(spec=spec, dirs=scan.dirs, cells=cells, pooled=pooled, hops=hops, devices=devices,
+                  defects=pd.DataFrame(), n_records=sum(c.n_trials for c in cells))

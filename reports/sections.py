@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import stats
-from .tables import HOPS, CellStats, Report
+from .tables import HOPS, INVALID, CellStats, Report
 
 # The report's verdict (Report.verdict) as a person reads it, in every format.
 VERDICT_WORDS = {"ok": "PASS", "over_bound": "WARN", "defects": "FAIL"}
@@ -157,17 +157,27 @@ def detail_section(report: Report) -> Section:
     return s
 
 
+def _defect_counts(report: Report) -> tuple[int, int, int]:
+    """(dropped, lost, invalid) records among the defects."""
+    d = report.defects
+    return tuple(int((d["outcome"] == k).sum()) if len(d) else 0 for k in ("dropped", "lost", INVALID))
+
+
 def verdict_line(report: Report) -> str:
     d = report.defects
-    n_dropped, n_lost = int((d["outcome"] == "dropped").sum()), int((d["outcome"] == "lost").sum())
+    n_dropped, n_lost, n_invalid = _defect_counts(report)
     word = VERDICT_WORDS[report.verdict]
-    what = [f"{n_dropped} dropped cancel(s), {n_lost} lost trial(s)" if len(d) else "no dropped cancels or lost trials",
+    said = f"{n_dropped} dropped cancel(s), {n_lost} lost trial(s)" + (
+        f", {n_invalid} invalid record(s) (see Defects)" if n_invalid else "")
+    what = [said if len(d) else "no dropped cancels or lost trials",
             f"{len(report.over)} cell(s) over the bound" if report.over else "every cell within the bound"]
     return f"{word}: {'; '.join(what)} ({bound_text(report.spec)}); exit {report.exit_code}"
 
 
 def headline(report: Report) -> str:
     line = f"{verdict_line(report)} - {report.n_records} cancel records from {len(report.dirs)} dataset(s)"
+    if report.repeats:
+        line += f" ({'; '.join(report.repeats)})"
     missed = sum(1 for t in report.targeting if t.missed)
     if missed:
         line += f" - {missed} cell(s) missed their target phase (see Targeting)"
@@ -182,9 +192,10 @@ def simulation_note(report: Report) -> str:
 
 def defects_section(report: Report, max_defects: int) -> Section:
     d = report.defects
-    n_dropped, n_lost = int((d["outcome"] == "dropped").sum()), int((d["outcome"] == "lost").sum())
+    n_dropped, n_lost, n_invalid = _defect_counts(report)
     return Section(
-        f"Defects: {n_dropped} dropped cancels, {n_lost} lost trials",
+        f"Defects: {n_dropped} dropped cancels, {n_lost} lost trials"
+        + (f", {n_invalid} invalid records (not counted in the cells)" if n_invalid else ""),
         "" if len(d) <= max_defects else f"first {max_defects} of {len(d)} shown; the JSON output lists all",
         ["outcome", "trial id", "device", "workload", "phase", "mechanism", "delivery", "error"],
         [[r.outcome, r.trial_id, r.device, r.workload, r.phase, r.mechanism, r.delivery, r.error]

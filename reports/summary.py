@@ -27,12 +27,11 @@ def summary_text(report: Report) -> str:
 def write_sweep_reports(out_dir: str | Path) -> str:
     """Write report.txt and report.html into ``out_dir``; return the summary to print."""
     from .html import to_html
-    from .load import load_references
 
     out = Path(out_dir)
     report = build_report([out], with_samples=True)
     write_atomic(out / "report.txt", lambda tmp: tmp.write_text(to_terminal(report), encoding="utf-8"))
-    page = to_html(report, report.samples, load_references([out]))
+    page = to_html(report, report.samples, report.references)
     write_atomic(out / "report.html", lambda tmp: tmp.write_text(page, encoding="utf-8"))
     return (summary_text(report) + f"\nfull report (per phase, defects, hops): {out / 'report.txt'} "
             f"(cancelbench report {out}); plots: {out / 'report.html'}\n")

@@ -32,6 +32,7 @@ CELL_KEYS = ROW_KEYS + ("device_key",)
 CELL_VALUE_COLUMNS = ["trial_id", "outcome", "latency_ms", "cost_ratio"]
 HOPS = ("deliver_ms", "observe_ms", "return_ms", "settle_ms")
 WORST_IDS = 5
+INVALID = "invalid"  # the defect outcome of a record that cannot be trusted (load.invalid_records)
 
 
 # ----------------------------------------------------------------- bounds --
@@ -160,12 +161,18 @@ def summarize_cell(key: tuple, group: pd.DataFrame, spec: ReportSpec) -> CellSta
         group["cost_ratio"].to_numpy(dtype=float, na_value=np.nan), group["trial_id"].to_numpy(), spec)
 
 
+def sample_mask(outcome: np.ndarray, lat: np.ndarray) -> np.ndarray:
+    """Latency samples: cancelled trials with a finite latency >= 0 (a cancelled trial
+    without one is an invalid record, listed as a defect by ``load.invalid_records``)."""
+    return (outcome == "cancelled") & np.isfinite(lat) & (lat >= 0)
+
+
 def summarize_cell_arrays(key: tuple, outcome: np.ndarray, lat_all: np.ndarray, cost_all: np.ndarray,
                           trial_ids, spec: ReportSpec) -> CellStats:
     """Statistics of one cell (pure; independent of row order).  ``trial_ids``
     needs only integer-array indexing (numpy array or ``_Take``)."""
     workload, phase, mechanism, delivery, device = (str(k) for k in key)
-    is_sample = (outcome == "cancelled") & ~np.isnan(lat_all)
+    is_sample = sample_mask(outcome, lat_all)
     lat_s = lat_all[is_sample]
     lat = np.sort(lat_s)
     n = int(lat.size)
@@ -323,12 +330,13 @@ DEFECT_COLUMNS = ["trial_id", "sweep_id", "trial_kind", "outcome", "workload", "
 
 
 def defects_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Dropped cancels and lost trials, dropped first, in a stable order."""
+    """Dropped cancels, lost trials and invalid records (``load.INVALID``: the reason in
+    ``error``), in that order, each in a stable order."""
     if frame.empty:
         return pd.DataFrame(columns=["outcome", "trial_id", "device", "workload", "phase", "mechanism", "delivery",
                                      "trial_kind", "sweep_id", "hostname", "error"])
     f = prepare(frame)
-    f = f[f["outcome"].isin(list(DEFECT_OUTCOMES))]
+    f = f[f["outcome"].isin([*DEFECT_OUTCOMES, INVALID])]
     # Plain strings, not categoricals: sorting must be by value, not by category order.
     out = pd.DataFrame({
         "outcome": f["outcome"].astype(str),
@@ -343,7 +351,7 @@ def defects_table(frame: pd.DataFrame) -> pd.DataFrame:
         "hostname": _labels(f["hostname"]),
         "error": f["error"].astype(object).where(f["error"].notna(), ""),
     })
-    rank = out["outcome"].map({"dropped": 0, "lost": 1})
+    rank = out["outcome"].map({"dropped": 0, "lost": 1, INVALID: 2})
     return out.assign(_r=rank).sort_values(["_r", "device", "workload", "trial_id", "sweep_id"]).drop(columns="_r") \
         .reset_index(drop=True)
 
@@ -362,6 +370,8 @@ class Report:
     samples: pd.DataFrame | None = None  # latency samples for the plots, when built with them
     simulated: list[str] = field(default_factory=list)  # simulated engines among the records (registry flag)
     targeting: list = field(default_factory=list)  # targeting.Targeting per cell: did cancels land as planned
+    references: pd.DataFrame | None = None  # completed reference runs (``load.references_of``), with the samples
+    repeats: list[str] = field(default_factory=list)  # datasets named more than once: "B is A (...): counted once"
 
     @property
     def over(self) -> list[CellStats]:
@@ -370,7 +380,7 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """1 when dropped or lost trials exist (defects), else 0."""
+        """1 when dropped or lost trials or invalid records exist (defects), else 0."""
         return 1 if len(self.defects) else 0
 
     @property

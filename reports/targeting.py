@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .load import Filters, scan_table
+import pyarrow as pa
+
+from .load import Filters, read_once, records_of
 from .sections import Section
 
 TARGET_SHARE = 0.90  # below this a phase-aiming cell is reported as missing its target
@@ -46,8 +48,13 @@ class Targeting:
 
 
 def load_targeting(dirs: list[str | Path], filters: Filters = Filters()) -> list[Targeting]:
-    f = Filters(workloads=filters.workloads, backends=filters.backends, hosts=filters.hosts, trial_kinds=("cancel",))
-    frame = scan_table(dirs, COLUMNS, f).to_pandas()
+    """``targeting_of`` the cancel trials of ``dirs``, in a scan of its own."""
+    return targeting_of(records_of(read_once(dirs, COLUMNS, filters, kinds=("cancel",)), filters.widened(("cancel",))))
+
+
+def targeting_of(table: pa.Table) -> list[Targeting]:
+    """Per cell, from the cancel trials' rows of the report's one scan."""
+    frame = table.select(COLUMNS).to_pandas()
     if frame.empty:
         return []
     frame["device_key"] = frame["host"].astype(str) + "/" + frame["device"].astype(str)

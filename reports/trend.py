@@ -15,9 +15,9 @@ count (``stats.min_samples``: 5 for the p50, 299 for a p99 at 95%), and a step
 is tested only where both sides have their p50.
 
 Change between consecutive sweeps: a two-sided Mann-Whitney U test on the raw
-latencies (scipy's when installed, else the exact null distribution without
-ties / the tie-corrected normal approximation here), Holm-corrected over every
-test the trend makes (all cells x all consecutive pairs) at ``alpha`` (default
+latencies (``trend_stats``: the exact null distribution without ties, the
+tie-corrected normal approximation otherwise; the tests cross-check it against
+scipy), Holm-corrected over every test the trend makes (all cells x all consecutive pairs) at ``alpha`` (default
 0.05).  A change is *flagged* when it is significant after correction and the
 p50 moved by more than ``--threshold`` (default 10%): a statistically certain
 1% shift is noise in practice.  Per cell, the first flagged sweep is named.
@@ -42,8 +42,8 @@ import numpy as np
 from cancelbench.sink import DatasetError, read_manifest
 
 from . import stats
-from .diff import DiffSpec, _cells_by_class, _cell_seed, _one_sided, compare_cell
-from .load import TABLE_COLUMNS, Filters, load_frame, scan_table
+from .diff import DiffSpec, _cell_seed, _one_sided, attach_invalid, compare_cell, read_side
+from .load import Filters, distinct_datasets
 from .sections import fmt_ms
 from .tables import BoundSpec, ReportSpec
 from .trend_stats import _interval, _mwu_impl, fold_change, holm
@@ -83,6 +83,7 @@ class SweepInfo:
     created: str
     sweep_id: str
     builds: dict[str, dict[str, str]] = field(default_factory=dict)  # device class -> build facts
+    invalid_records: int = 0  # records that cannot be trusted (load.invalid_records): the trend fails
 
 
 @dataclass
@@ -142,6 +143,8 @@ class TrendResult:
     n_tests: int
     mwu: str  # which Mann-Whitney implementation ran
     samples: dict[tuple, list[np.ndarray | None]] = field(default_factory=dict, repr=False)
+    notes: list[str] = field(default_factory=list)  # datasets counted once; invalid records outside every cell
+    invalid: int = 0  # invalid records in all sweeps
 
     @property
     def regressed(self) -> list[TrendCell]:
@@ -149,7 +152,7 @@ class TrendResult:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.regressed else 0
+        return 1 if self.regressed or self.invalid else 0
 
 
 # ------------------------------------------------------------------ ordering --
@@ -171,8 +174,8 @@ def expand_dirs(patterns: list[str]) -> list[str]:
     return out
 
 
-def _sweep_key(path: str, by: str, index: int) -> tuple[tuple, str]:
-    """(sort key, the value as text) of one sweep."""
+def _sweep_key(table, path: str, by: str, index: int) -> tuple[tuple, str]:
+    """(sort key, the value as text) of one sweep; ``table``: its scanned rows (with the ``by`` column)."""
     if by == "given":
         return (index,), str(index + 1)
     if by == "created":
@@ -181,7 +184,6 @@ def _sweep_key(path: str, by: str, index: int) -> tuple[tuple, str]:
             return (datetime.strptime(created, "%Y-%m-%dT%H:%M:%S%z").timestamp(),), created
         except ValueError:
             return (float("inf"),), created or "(unknown)"
-    table = scan_table([path], [by], Filters(trial_kinds=None))
     values = [v for v in table.column(by).to_pylist() if v is not None]
     if not values:
         raise TrendInputError(f"{path}: column {by!r} is null in every record (cannot order by it)")
@@ -194,32 +196,32 @@ def _sweep_key(path: str, by: str, index: int) -> tuple[tuple, str]:
     return (1, natural_key(str(value))), str(value)
 
 
-def _builds_by_class(path: str) -> dict[str, dict[str, str]]:
-    from .legend import builds_by_class
-
-    return builds_by_class([path])
-
-
 # ---------------------------------------------------------------------- build --
-def _load_sweeps(dirs: list[str], spec: TrendSpec, filters: Filters) -> tuple[list[SweepInfo], list[dict]]:
-    """The sweeps in ``--by`` order, each with its cells keyed as diff keys them."""
+def _load_sweeps(dirs: list[str], spec: TrendSpec, filters: Filters) -> tuple[list[SweepInfo], list[dict], list]:
+    """The sweeps in ``--by`` order (each dataset once, however named), each read once: its cells
+    keyed as diff keys them, its builds and invalid records; and the notes on repeated datasets."""
     from cancelbench.schema import COLUMNS
 
-    dirs = expand_dirs(dirs)
+    dirs, repeats = distinct_datasets(expand_dirs(dirs))
     if len(dirs) < 2:
-        raise TrendInputError(f"a trend needs at least two sweeps, got {len(dirs)}")
+        raise TrendInputError(f"a trend needs at least two sweeps, got {len(dirs)}"
+                              + (f" ({'; '.join(map(str, repeats))})" if repeats else ""))
     if spec.by not in SPECIAL_KEYS and spec.by not in COLUMNS:
         raise TrendInputError(f"--by {spec.by!r}: not 'created', 'given' or a record column")
-    keyed = sorted(((_sweep_key(d, spec.by, i), i, d) for i, d in enumerate(dirs)), key=lambda t: (t[0][0], t[1]))
-    sweeps, sides = [], []
     rspec = spec.report_spec()
-    for pos, ((_, text), _, d) in enumerate(keyed):
+    extra = () if spec.by in SPECIAL_KEYS else (spec.by,)
+    loaded = []
+    for i, d in enumerate(dirs):
+        side, table = read_side([d], rspec, filters, {}, extra)
+        loaded.append((_sweep_key(table, str(d), spec.by, i), i, str(d), side))
+        del table
+    loaded.sort(key=lambda t: (t[0][0], t[1]))
+    sweeps = []
+    for pos, ((_, text), _, d, side) in enumerate(loaded):
         manifest = read_manifest(Path(d))
-        frame = load_frame([d], TABLE_COLUMNS, filters).frame
-        sides.append(_cells_by_class(frame, rspec, {}))
         sweeps.append(SweepInfo(pos, d, text, str(manifest.get("created") or ""), str(manifest.get("sweep_id") or ""),
-                                _builds_by_class(d)))
-    return sweeps, sides
+                                side.builds, sum(len(v) for v in side.invalid.values())))
+    return sweeps, [t[3] for t in loaded], repeats
 
 
 def _point(side, key: tuple, i: int, spec: TrendSpec) -> tuple[TrendPoint | None, np.ndarray | None]:
@@ -265,7 +267,8 @@ def _newest_verdict(cell: TrendCell, prev, last, dspec: DiffSpec) -> None:
 
 
 def run_trend(dirs: list[str], spec: TrendSpec = TrendSpec(), filters: Filters = Filters()) -> TrendResult:
-    sweeps, sides = _load_sweeps(dirs, spec, filters)
+    sweeps, loaded, repeats = _load_sweeps(dirs, spec, filters)
+    sides = [side.cells for side in loaded]
     mwu, mwu_name = _mwu_impl()
     cells: list[TrendCell] = []
     samples: dict[tuple, list] = {}
@@ -285,6 +288,18 @@ def run_trend(dirs: list[str], spec: TrendSpec = TrendSpec(), filters: Filters =
         prev, last = sides[-2].get(cell.key), sides[-1].get(cell.key)
         if last is not None:
             _newest_verdict(cell, prev, last, dspec)
+    n_invalid, notes = _attach_invalid(cells, sweeps, loaded)
     order = {True: 0, False: 1}
     cells.sort(key=lambda c: (order[c.regressed], c.first_flag is None, c.key))
-    return TrendResult(spec, sweeps, cells, len(tests), mwu_name, samples)
+    return TrendResult(spec, sweeps, cells, len(tests), mwu_name, samples, [*map(str, repeats), *notes], n_invalid)
+
+
+def _attach_invalid(cells: list[TrendCell], sweeps: list[SweepInfo], loaded: list) -> tuple[int, list[str]]:
+    """Each sweep's invalid records named in their cell's reasons (the cell then counts as regressed:
+    its figures cannot be trusted), as diff does."""
+    def mark(cell: TrendCell, said: str) -> None:
+        cell.newest_reasons.append(said)
+        cell.newest_verdict = "regressed"
+
+    return attach_invalid(cells, [(f"sweep {s.index + 1} ({s.path})", side.invalid) for s, side in zip(sweeps, loaded)],
+                          mark)

@@ -1,6 +1,7 @@
 """Statistics for ``cancelbench trend``: the two-sided Mann-Whitney U test (exact
-without ties, tie-corrected normal approximation otherwise; scipy's when
-installed), Holm's correction and bootstrap intervals of a percentile."""
+without ties, tie-corrected normal approximation otherwise), Holm's correction and
+bootstrap intervals of a percentile. Hand-written (a few dozen lines) rather than a
+scipy dependency; the tests cross-check them against scipy.stats."""
 
 from __future__ import annotations
 
@@ -63,16 +64,10 @@ def mann_whitney_u(x, y) -> tuple[float, float]:
 
 
 def _mwu_impl():
-    try:
-        from scipy.stats import mannwhitneyu
-    except ImportError:
-        return mann_whitney_u, "cancelbench (exact without ties, else normal approximation)"
-
-    def scipy_mwu(x, y):
-        r = mannwhitneyu(x, y, alternative="two-sided", method="auto")
-        return float(r.statistic), float(r.pvalue)
-
-    return scipy_mwu, "scipy.stats.mannwhitneyu (method auto)"
+    """The Mann-Whitney U test a trend runs: always this module's, whatever else is installed, so a
+    trend's p-values do not depend on the environment (tests/test_trend_stats.py checks it against
+    scipy.stats.mannwhitneyu, which the ``test`` extra installs)."""
+    return mann_whitney_u, "cancelbench (exact without ties, else normal approximation)"
 
 
 def holm(p_values: list[float]) -> list[float]:

@@ -3,6 +3,7 @@ RecordSink so the layout is exactly what sweeps produce."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -66,13 +67,17 @@ def cancel_row(
     return row
 
 
-def write_dataset(out_dir: Path, rows: list[dict], schema_version: int = schema.SCHEMA_VERSION) -> Path:
+def write_dataset(out_dir: Path, rows: list[dict], schema_version: int = schema.SCHEMA_VERSION,
+                  sweep_id: str | None = None) -> Path:
+    """A dataset as a sweep writes it; its manifest's sweep id (what makes it one dataset to
+    the reports, however it is named) is unique per directory unless given."""
     out_dir = Path(out_dir)
     sink = RecordSink(out_dir, flush_every=10**9)
     for r in rows:
         sink.add(r)
     sink.close()
-    write_json_atomic(out_dir / MANIFEST, {"schema_version": schema_version, "sweep_id": "test"})
+    sweep_id = sweep_id or "test-" + hashlib.sha256(str(out_dir.resolve()).encode()).hexdigest()[:12]
+    write_json_atomic(out_dir / MANIFEST, {"schema_version": schema_version, "sweep_id": sweep_id})
     return out_dir
 
 

@@ -217,7 +217,7 @@ def test_markdown_of_a_4_device_4_mechanism_10_phase_sweep_fits_a_comment(tmp_pa
     hosts = ["hostA", "hostB", "mac1", "mac2"]
     mechanisms = ["abort_callback", "between_calls", "chunked", "graph_eval"]
     phases = [f"phase{i}" for i in range(10)]
-    rows = [cancel_row(f"{h}-{m}-{p}-{d}-{i}", 1.0 + i + 10 * k, host=h, phase=p, mechanism=m, delivery=d,
+    rows = [cancel_row(f"{w}-{h}-{m}-{p}-{d}-{i}", 1.0 + i + 10 * k, host=h, phase=p, mechanism=m, delivery=d,
                        workload=w)
             for w in ("tts", "stt") for h in hosts for m in mechanisms for k, p in enumerate(phases)
             for d in ("driver", "agent") for i in range(5)]

@@ -58,14 +58,30 @@ def test_mann_whitney_exact_p_equals_full_enumeration():
     assert p == pytest.approx(expected)
 
 
-def test_mann_whitney_matches_scipy_when_installed():
-    stats = pytest.importorskip("scipy.stats")
+def test_mann_whitney_matches_scipy():
+    from scipy import stats  # the ``test`` extra installs it: this cross-check runs in CI
     rng = np.random.default_rng(3)
     for m, n, shift in ((8, 9, 0.0), (20, 25, 0.8), (60, 70, 0.3), (150, 120, 0.2)):
         x, y = rng.normal(0, 1, m), rng.normal(shift, 1, n)
         u, p = mann_whitney_u(x, y)
         ref = stats.mannwhitneyu(x, y, alternative="two-sided", method="exact" if m * n <= 10_000 else "asymptotic")
         assert u == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue, rel=1e-6), (m, n)
+
+
+def test_mann_whitney_with_ties_matches_scipy_and_a_trend_runs_this_module():
+    """Tied latencies (a coarse clock) take the tie-corrected normal approximation, as scipy's
+    asymptotic method; and a trend uses this implementation whether scipy is installed or not."""
+    from scipy import stats
+
+    from cancelbench.reports.trend_stats import _mwu_impl
+
+    rng = np.random.default_rng(5)
+    for m, n, shift in ((12, 15, 0.0), (40, 35, 1.0), (200, 180, 0.5)):
+        x, y = np.round(rng.normal(0, 2, m)), np.round(rng.normal(shift, 2, n))
+        u, p = mann_whitney_u(x, y)
+        ref = stats.mannwhitneyu(x, y, alternative="two-sided", method="asymptotic")
+        assert u == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue, rel=1e-9), (m, n)
+    assert _mwu_impl()[0] is mann_whitney_u
 
 
 def test_holm_is_step_down_and_monotone():
