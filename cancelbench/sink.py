@@ -20,13 +20,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -34,6 +32,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from .compaction import live_files
+from .outlock import LOCK_FILE, locked_output  # noqa: F401  (the --out lock; re-exported)
 from .inputs import MAX_MANIFEST_BYTES, load_json_object, safe_component
 from .fileio import write_atomic, write_json_atomic  # noqa: F401  (re-exported)
 from .schema import FILE_SCHEMA, PARTITION_COLUMNS, RECORD_SCHEMA, SCHEMA_VERSION
@@ -41,7 +40,6 @@ from .schema import FILE_SCHEMA, PARTITION_COLUMNS, RECORD_SCHEMA, SCHEMA_VERSIO
 RECORDS_DIR = "records"
 MANIFEST = "manifest.json"
 PLAN_FILE = "plan.parquet"
-LOCK_FILE = ".cancelbench.lock"  # held (flock) by the sweep writing the directory
 RESERVE_FILE = ".cancelbench.reserve"  # space set aside for the manifest, freed when the disk fills up
 RESERVE_BYTES = 64 * 1024
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -370,79 +368,3 @@ def partial_reason(out_dir: Path) -> str | None:
            "incomplete": f"{len(manifest.get('not_run') or [])} trial(s) could not run"}[status]
     return f"{out_dir}: partial dataset, {on_disk} of {planned} planned trials on disk; {why}"
 
-
-def _create_dirs(path: Path) -> list[Path]:
-    """mkdir -p that returns the directories it created (deepest last)."""
-    missing = []
-    p = path
-    while not p.exists() and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        d.mkdir()
-    return list(reversed(missing))
-
-
-@contextlib.contextmanager
-def locked_output(out_dir: Path) -> Iterator[Path]:
-    """Hold an exclusive lock on a results directory for the life of a sweep.
-
-    ``flock`` on ``DIR/.cancelbench.lock``: a second sweep into the same
-    directory fails at once with a :class:`DatasetError` (exit 2). The lock file,
-    and the directories created for it, are removed again when the block
-    leaves them empty (a sweep refused later has written nothing).
-    """
-    out_dir = Path(out_dir)
-    try:
-        created = _create_dirs(out_dir)
-    except (FileExistsError, NotADirectoryError):
-        raise DatasetError(f"--out {out_dir}: a file is in the way (need a directory)") from None
-    except OSError as exc:
-        raise DatasetError(f"--out {out_dir}: cannot create the directory ({exc.strerror})") from None
-    if not out_dir.is_dir():
-        raise DatasetError(f"--out {out_dir}: is a file, not a directory")
-    path = out_dir / LOCK_FILE
-    try:
-        fd = _acquire(path)
-    except BaseException:
-        _remove_empty(created)
-        raise
-    try:
-        yield out_dir
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # while still held: a waiter that opened it sees the inode change
-        os.close(fd)
-        _remove_empty(created)
-
-
-def _acquire(path: Path) -> int:
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise DatasetError(f"--out {path.parent}: cannot write there ({exc.strerror})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                raise DatasetError(f"{path.parent} is being written by another cancelbench sweep (pid {holder}); "
-                                   "wait for it to end or choose another --out") from None
-            raise DatasetError(f"--out {path.parent}: cannot lock it ({exc.strerror})") from None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:  # else its holder removed it between our open and flock: take the new one
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
-            return fd
-        os.close(fd)
-
-
-def _remove_empty(dirs: list[Path]) -> None:
-    for d in reversed(dirs):  # deepest first
-        with contextlib.suppress(OSError):
-            d.rmdir()
