@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Callable
 
 STEP_DELAY = "CANCELBENCH_TEST_STEP_DELAY"
 COMPACT_PAUSE = "CANCELBENCH_TEST_COMPACT_PAUSE"
@@ -29,9 +28,9 @@ CLOCK_SKEW_NS = "CANCELBENCH_TEST_CLOCK_SKEW_NS"
 ALL = (STEP_DELAY, COMPACT_PAUSE, CLOCK_SKEW_NS)
 
 
-def step_delay(trial_id: str) -> Callable[[int], None] | None:
-    """``CANCELBENCH_TEST_STEP_DELAY``: the stretch to run inside each step call of this trial
-    (``CancelControl.step_delay``, called with the step call's start, agent ns), or None."""
+def step_delay(trial_id: str) -> float | None:
+    """``CANCELBENCH_TEST_STEP_DELAY``: how many times as long this trial's step calls last
+    (the agent stretches each inside the call: ``DeviceAgent``'s step delay), or None."""
     spec = os.environ.get(STEP_DELAY)
     if not spec:
         return None
@@ -40,20 +39,7 @@ def step_delay(trial_id: str) -> Callable[[int], None] | None:
     # ref.002) shared one parity, and every reference run of a workload was slowed or none was.
     if int.from_bytes(hashlib.sha256(trial_id.encode()).digest()[:8], "big") % int(period):
         return None
-    from cancelbench import native
-
-    never_set = native.CancelToken()
-
-    def stretch(t_start_ns: int) -> None:
-        # Busy in native code, through ctypes, so the GIL is free as it is in the engine's own
-        # native calls. A Python busy loop held it: the agent's anchor reply and cancel threads
-        # then waited for the interpreter's 5 ms switch interval, an event hop no real engine
-        # causes, and driver-delivered cancels missed phases they reach in real runs.
-        extra_us = int((float(factor) - 1.0) * (native.now_ns() - t_start_ns) / 1e3)
-        if extra_us > 0:
-            native.probe_busy(never_set, extra_us, extra_us)
-
-    return stretch
+    return float(factor)
 
 
 def compact_pause() -> str | None:

@@ -34,6 +34,10 @@ MAX_CORPUS_BYTES = 256 * MIB  # an input corpus (JSON lines)
 MAX_NAME_CHARS = 64  # workload names (they become parts of trial ids and file names)
 
 
+class DatasetError(ValueError):
+    """A results directory that is not a readable cancelbench dataset."""
+
+
 class InputError(ValueError):
     """A bad input (one line)."""
 

@@ -14,12 +14,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from .inputs import DatasetError
+
 LOCK_FILE = ".cancelbench.lock"  # held (flock) by the sweep writing the directory
-
-
-def _dataset_error(message: str) -> Exception:
-    from .sink import DatasetError
-    return DatasetError(message)
 
 
 def _create_dirs(path: Path) -> list[Path]:
@@ -47,11 +44,11 @@ def locked_output(out_dir: Path) -> Iterator[Path]:
     try:
         created = _create_dirs(out_dir)
     except (FileExistsError, NotADirectoryError):
-        raise _dataset_error(f"--out {out_dir}: a file is in the way (need a directory)") from None
+        raise DatasetError(f"--out {out_dir}: a file is in the way (need a directory)") from None
     except OSError as exc:
-        raise _dataset_error(f"--out {out_dir}: cannot create the directory ({exc.strerror})") from None
+        raise DatasetError(f"--out {out_dir}: cannot create the directory ({exc.strerror})") from None
     if not out_dir.is_dir():
-        raise _dataset_error(f"--out {out_dir}: is a file, not a directory")
+        raise DatasetError(f"--out {out_dir}: is a file, not a directory")
     path = out_dir / LOCK_FILE
     try:
         fd = _acquire(path)
@@ -72,16 +69,16 @@ def _acquire(path: Path) -> int:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise _dataset_error(f"--out {path.parent}: cannot write there ({exc.strerror})") from None
+            raise DatasetError(f"--out {path.parent}: cannot write there ({exc.strerror})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                raise _dataset_error(f"{path.parent} is being written by another cancelbench sweep (pid {holder}); "
+                raise DatasetError(f"{path.parent} is being written by another cancelbench sweep (pid {holder}); "
                                    "wait for it to end or choose another --out") from None
-            raise _dataset_error(f"--out {path.parent}: cannot lock it ({exc.strerror})") from None
+            raise DatasetError(f"--out {path.parent}: cannot lock it ({exc.strerror})") from None
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:

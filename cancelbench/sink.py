@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from .compaction import live_files
 from .outlock import LOCK_FILE, locked_output  # noqa: F401  (the --out lock; re-exported)
-from .inputs import MAX_MANIFEST_BYTES, load_json_object, safe_component
+from .inputs import MAX_MANIFEST_BYTES, DatasetError, load_json_object, safe_component  # noqa: F401
 from .fileio import write_atomic, write_json_atomic  # noqa: F401  (re-exported)
 from .schema import FILE_SCHEMA, PARTITION_COLUMNS, RECORD_SCHEMA, SCHEMA_VERSION
 
@@ -45,9 +45,6 @@ RESERVE_BYTES = 64 * 1024
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
-
-class DatasetError(ValueError):
-    """A results directory that is not a readable cancelbench dataset."""
 
 
 def sanitize_path_part(value: object) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import os
 import sys
 import threading
 import time
@@ -24,6 +25,7 @@ from cancelbench import failpoints
 from cancelbench.request import TrialRequest
 from cancelbench.schema import TrialRecord, agent_half, columns_of
 
+from . import cpu_account
 from .anchors import AnchorWatch, PhaseFeed
 
 CONTROL = "control"
@@ -232,7 +234,8 @@ class DeviceAgent:
         feed = PhaseFeed() if request.feed_phases and watch is None else None
         if watch is not None or feed is not None:
             ctl.progress.listener = watch or feed
-        ctl.step_delay = failpoints.step_delay(trial_id)  # a test's injected variance; None in real runs
+        ctl.step_delay = _stretch(failpoints.step_delay(trial_id))  # a test's injected variance; None in real runs
+        ctl.cpu = cpu_account.Window(os.getpid())  # an external engine watches its own process (engines/external.py)
         with self._changed:
             self.token.reset()
             self._current = (trial_id, ctl)
@@ -273,7 +276,8 @@ class DeviceAgent:
             columns.update(ctl.at_receipt, t_received_ns=ctl.received_ns,
                            t_native_returned_ns=ctl.native_returned_ns,
                            t_native_observed_ns=ctl.token.seen_ns or None)  # the token the engine armed
-        columns = {"abort_polls": ctl.token.polls, **self._meta_columns(), **columns, **self._engine_columns()}
+        columns = {"abort_polls": ctl.token.polls, **self._meta_columns(), **columns, **self._engine_columns(),
+                   **ctl.cpu.columns()}
         return agent_half(trial_id=trial_id, t_handback_ns=t_handback, model_sha256=self._model_sha256, **columns)
 
     def _engine_columns(self) -> dict:
@@ -340,6 +344,27 @@ class DeviceAgent:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+
+
+def _stretch(factor: float | None):
+    """The failpoint's step delay (cancelbench.failpoints.step_delay): called inside each step call
+    with its start (agent ns), it makes the call last ``factor`` times as long; None: no delay."""
+    if factor is None:
+        return None
+    from cancelbench import native
+
+    never_set = native.CancelToken()
+
+    def stretch(t_start_ns: int) -> None:
+        # Busy in native code, through ctypes, so the GIL is free as it is in the engine's own
+        # native calls. A Python busy loop held it: the agent's anchor reply and cancel threads
+        # then waited for the interpreter's 5 ms switch interval, an event hop no real engine
+        # causes, and driver-delivered cancels missed phases they reach in real runs.
+        extra_us = int((factor - 1.0) * (native.now_ns() - t_start_ns) / 1e3)
+        if extra_us > 0:
+            native.probe_busy(never_set, extra_us, extra_us)
+
+    return stretch
 
 
 def _resolve_input(request: TrialRequest) -> TrialRequest:

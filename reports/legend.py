@@ -82,7 +82,7 @@ def builds_by_class(dirs: list[str | Path], filters: Filters = Filters()) -> dic
 
 def builds_legend(sides: list[tuple[str, dict[str, dict[str, str]]]]):
     """A "Builds" section (one row per fact) for named sides, e.g. baseline and candidate."""
-    from .sections import Section
+    from .section import Section
 
     rows = [[name, cls, k, v] for name, by_class in sides for cls, facts in sorted(by_class.items())
             for k, v in facts.items()]

@@ -12,10 +12,11 @@ samples).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 from . import stats
+from .section import Section
 from .tables import HOPS, INVALID, CellStats, Report
+from .targeting import targeting_section
 
 # The report's verdict (Report.verdict) as a person reads it, in every format.
 VERDICT_WORDS = {"ok": "PASS", "over_bound": "WARN", "defects": "FAIL"}
@@ -25,19 +26,6 @@ OVER = "▲"
 MAX_MARK = "ᵐ"
 
 
-@dataclass
-class Section:
-    """A titled table.  Columns before ``key_columns`` are labels (left
-    aligned), the rest numbers (right aligned); ``groups`` label runs of the
-    number columns (one device each).  Strings are raw: renderers escape."""
-
-    title: str
-    note: str
-    headers: list[str]
-    rows: list[list[str]]
-    key_columns: int | None = None  # None: every column is a label
-    groups: list[tuple[str, int]] = field(default_factory=list)
-    sid: str = ""  # stable identifier: HTML anchor, truncation order
 
 
 def fmt_ms(value: float | None) -> str:
@@ -242,7 +230,6 @@ def builds_section(devices) -> Section:
 
 def sections(report: Report, max_defects: int = 50) -> list[Section]:
     """Headline tables first: the comparison, then what failed, then detail."""
-    from .targeting import targeting_section
 
     return [*comparison_sections(report), defects_section(report, max_defects), over_section(report),
             detail_section(report), *(t for t in [targeting_section(report.targeting)] if t),

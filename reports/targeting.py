@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .load import Filters, read_once, records_of
-from .sections import Section
+from .section import Section
 
 TARGET_SHARE = 0.90  # below this a phase-aiming cell is reported as missing its target
 COLUMNS = ["workload", "host", "backend", "device", "mechanism", "delivery", "offset_plan", "target_phase",
@@ -53,23 +54,35 @@ def load_targeting(dirs: list[str | Path], filters: Filters = Filters()) -> list
 
 
 def targeting_of(table: pa.Table) -> list[Targeting]:
-    """Per cell, from the cancel trials' rows of the report's one scan."""
-    frame = table.select(COLUMNS).to_pandas()
-    if frame.empty:
+    """Per cell, from the cancel trials' rows of the report's one scan (counted in Arrow: a
+    million rows are one grouping, not a Python loop over groups)."""
+    if table.num_rows == 0:
         return []
-    frame["device_key"] = frame["host"].astype(str) + "/" + frame["device"].astype(str)
-    frame["in_phase"] = frame["phase_at_receipt"].eq(frame["target_phase"])
-    frame["in_flight"] = frame["native_call_at_receipt"].notna()
+    t = table.select(COLUMNS)
+    label = lambda name: pc.fill_null(t.column(name).cast(pa.string()), "nan")  # noqa: E731 (a null key)
+    as_int = lambda mask: pc.cast(pc.fill_null(mask, False), pa.int64())  # noqa: E731
+    in_phase = pc.fill_null(pc.equal(t.column("phase_at_receipt"), t.column("target_phase")), False)
     # null (records from before the column, time plans): reachable
-    frame["unreachable"] = frame["target_reachable"].eq(False)
+    far = pc.fill_null(pc.equal(t.column("target_reachable"), False), False)
+    near = pc.invert(far)
+    in_flight = pc.is_valid(t.column("native_call_at_receipt"))
+    g = pa.table({
+        "workload": label("workload"), "mechanism": label("mechanism"), "delivery": label("delivery"),
+        "offset_plan": label("offset_plan"),
+        "device_key": pc.if_else(pc.and_(pc.is_valid(t.column("host")), pc.is_valid(t.column("device"))),
+                                 pc.binary_join_element_wise(label("host"), label("device"), "/"), "nan"),
+        "near": as_int(near), "far": as_int(far), "aimed": as_int(pc.is_valid(t.column("target_phase"))),
+        "near_in_phase": as_int(pc.and_(in_phase, near)), "far_in_phase": as_int(pc.and_(in_phase, far)),
+        "near_in_flight": as_int(pc.and_(in_flight, near)),
+    }).group_by(KEYS).aggregate([(c, "sum") for c in ("near", "far", "aimed", "near_in_phase", "far_in_phase",
+                                                       "near_in_flight")])
     out = []
-    for key, g in frame.groupby(KEYS, sort=True, dropna=False):
-        aimed = g["target_phase"].notna().any()
-        far, near = g[g["unreachable"]], g[~g["unreachable"]]
-        out.append(Targeting(*map(str, key), n=len(near),
-                             in_phase=float(near["in_phase"].mean()) if aimed and len(near) else None,
-                             in_flight=float(near["in_flight"].mean()) if len(near) else None,
-                             unreachable=len(far), unreachable_in_phase=int(far["in_phase"].sum())))
+    for r in sorted(g.to_pylist(), key=lambda r: tuple(r[k] for k in KEYS)):
+        n = r["near_sum"]
+        out.append(Targeting(*(r[k] for k in KEYS), n=n,
+                             in_phase=r["near_in_phase_sum"] / n if r["aimed_sum"] and n else None,
+                             in_flight=r["near_in_flight_sum"] / n if n else None,
+                             unreachable=r["far_sum"], unreachable_in_phase=r["far_in_phase_sum"]))
     return out
 
 

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from .client import EngineError, EngineProcess
 from .declaration import Declaration, SettingError
 
+EXIT_OK, EXIT_FAILURES, EXIT_INPUT = 0, 1, 2  # the command's exit codes (cancelbench.cli)
 EVENT_TIMEOUT_S = 60.0  # a run that says nothing for this long fails its check (a hung engine)
 
 
@@ -313,8 +314,6 @@ def parse_setting(text: str) -> tuple[str, object]:
 
 
 def cmd_sut_check(args) -> int:
-    from cancelbench.cli import EXIT_FAILURES, EXIT_INPUT, EXIT_OK
-
     command = list(args.engine_command)
     if command and command[0] == "--":
         command = command[1:]
