@@ -3,7 +3,7 @@
 A lock file is JSON: ``{"name": ..., "files": {"<file name>": {"size": int,
 "sha256": hex, "source": text}}}``. Fixture locks are committed next to this
 module (``locks/``) so a changed recipe or a truncated file is caught; a user
-writes one for real models (see README).
+writes one for real models (docs/cli.md, "`fixtures` and `lock`: models").
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class TextFixtureSpec:
 # class of machine (f32): long enough that a cancel lands mid-graph. The names
 # are historical: text-llama-57m has 51.3M parameters (8 layers of 6.29M plus a
 # 594 x 768 embedding and output), text-qwen3-14m has 9.9M; they stay because
-# locks, configs and docs use them (the README states the true counts).
+# locks, configs and docs use them (docs/cli.md's fixture table states the true counts).
 TEXT_FIXTURES: dict[str, TextFixtureSpec] = {
     "text-llama-57m": TextFixtureSpec("text-llama-57m", "llama", n_embd=768, n_layer=8, n_head=12,
                                       n_head_kv=4, n_ff=2048),

@@ -19,7 +19,7 @@ from .offsets import (ANCHORED_PLANS, MAX_OFFSET_MS, MAX_TRIALS_PER_CELL, OFFSET
                       OffsetSpec, parse_offsets)
 from .workloads import WorkloadSpec, parse_workload, preflight
 
-# Upper bounds, checked before anything runs (README "Sweep configuration", bounds).
+# Upper bounds, checked before anything runs (docs/cli.md, "Sweep configuration (TOML)", Bounds).
 MAX_REFERENCE_RUNS = 1_000
 MAX_PING_SAMPLES = 10_000
 MAX_SIM_PER_HOST = 1_024  # simulated devices (one agent process each) per host
