@@ -1,7 +1,7 @@
 """The trial record: one flat row per trial (llama-bench style), versioned.
 
 Columns come in groups (``GROUPS``: identity, host, settings, plan, receipt,
-timestamps, derived, result, partition), each tagged with who fills it; the
+timestamps, derived, result, cpu, partition), each tagged with who fills it; the
 driver's half and the agent's half are checked against those tags and merged
 once (``merge``), and ``finalize`` classifies and derives.
 
@@ -42,8 +42,8 @@ import dataclasses
 import pyarrow as pa
 
 # 2: every setting that shapes a trial is a column; 3: engines declare themselves (engine_* columns, external
-# engines); readers accept older versions (new columns null)
-SCHEMA_VERSION = 3
+# engines); 4: the cpu group (engine work vs CPU wait); readers accept older versions (new columns null)
+SCHEMA_VERSION = 4
 
 # Partition columns of the hive-partitioned dataset (values sanitized for paths).
 PARTITION_COLUMNS = ("backend", "host")
@@ -79,6 +79,7 @@ GROUPS = {
     "timestamps": "agent",   # agent monotonic ns unless the doc says otherwise
     "derived": "derived",    # *_ms from the timestamps (``derive``)
     "result": "agent",       # what the engine did
+    "cpu": "agent",          # where the engine's time went, cancel received -> stopped (device_agents/cpu_account.py)
     "partition": "either",   # directory names (sanitized)
 }
 
@@ -233,6 +234,27 @@ _FIELDS: list[tuple] = [
     ("error", _STR, "result", "error message (outcome error/lost)", "either"),
     ("engine_counters_json", _STR, "result", "external engines: the counters of its done message, JSON {name: int}"),
     ("engine_stderr", _STR, "result", "external engines: what the engine process wrote to stderr since the previous record (its last 8 KiB)"),
+    ("engine_cpu_ms", _F64, "cpu", "CPU time of the engine process's threads (in-process engines: the agent's; "
+     "external: the engine's) from the cancel's receipt to the terminal state, ms, on the scheduler's clock "
+     "(/proc/<pid>/task/<tid>/schedstat): a snapshot right after the cancel was set (t_received + cpu_snapshot_us) "
+     "and one at the terminal state (external: the done read), diffed; threads that exit in between are missed"),
+    ("engine_cpu_wait_ms", _F64, "cpu", "time those threads waited runnable for a CPU over the same window "
+     "(schedstat run delay), summed over threads, ms: a busy host shows here, not in engine_cpu_ms"),
+    ("engine_involuntary_switches", _I64, "cpu", "involuntary context switches of those threads over the window "
+     "(/proc/<pid>/task/<tid>/status nonvoluntary_ctxt_switches): preempted while runnable"),
+    ("engine_threads", _I32, "cpu", "threads of the engine process accounted (alive at the terminal snapshot)"),
+    ("host_loadavg_1m", _F64, "cpu", "the host's 1-minute load average at the terminal snapshot (/proc/loadavg)"),
+    ("host_procs_running", _I32, "cpu", "tasks runnable on the host at receipt or terminal, the more (/proc/loadavg: "
+     "nr_running, as /proc/stat procs_running), the engine's busy threads and the reader included (idle 2-core host, "
+     "2-thread engine: about 3)"),
+    ("host_steal_ms", _F64, "cpu", "steal time over the window, all CPUs summed (/proc/stat, USER_HZ ticks: "
+     "10 ms resolution), ms; null where the kernel reports no steal field"),
+    ("host_cpu_mhz", _F64, "cpu", "mean current frequency of the CPUs the engine may run on (the first 64), at "
+     "the terminal snapshot (cpufreq scaling_cur_freq), MHz; null where cpufreq is not exposed (most VMs)"),
+    ("cpu_snapshot_us", _F64, "cpu", "what the receipt snapshot cost the cancel's thread (its own duration, "
+     "perf_counter), us: it runs after the cancel was set, so it delays no stop"),
+    ("cpu_account_source", _STR, "cpu", "where the cpu columns come from: schedstat | unavailable: <why> (macOS, a "
+     "kernel without CONFIG_SCHED_INFO, the engine process gone); null when no cancel was received"),
     ("backend", _STR, "partition", "cpu | vulkan | metal | cuda"),
     ("host", _STR, "partition", "sanitized host name used as the partition path part"),
 ]

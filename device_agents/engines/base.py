@@ -120,6 +120,9 @@ class CancelControl:
         # An out-of-process engine's forwarder (engines/external.py): called, under the lock,
         # when a cancel is taken, so the cancel reaches the engine process.
         self._forward: Callable[[], None] | None = None
+        # The engine process's CPU accounting over receipt -> terminal (device_agents/cpu_account.py,
+        # a Window set by the agent); None: not accounted.
+        self.cpu = None
 
     def attach(self, forward: Callable[[], None] | None) -> bool:
         """Forward every cancel taken from now on with ``forward()`` (None: stop). Returns
@@ -147,7 +150,12 @@ class CancelControl:
                     self._forward()
                 except Exception:  # the engine is gone: its trial ends with the error it sees
                     pass
-            return True
+            cpu = self.cpu
+            if cpu is not None:
+                cpu.owe_receipt()  # a terminal snapshot (close) waits for this receipt's
+        if cpu is not None:  # after the cancel is set and the lock released: it delays neither
+            cpu.at_receipt()
+        return True
 
     def close(self) -> tuple[bool, int]:
         """The engine's terminal decision, atomic with :meth:`request`: (whether a cancel
@@ -156,7 +164,10 @@ class CancelControl:
         of a cancel the engine never had a chance to see (a false *dropped*)."""
         with self._lock:
             self._closed = True
-            return self.requested, native.now_ns()
+            requested, t_terminal = self.requested, native.now_ns()
+        if requested and self.cpu is not None:
+            self.cpu.at_terminal()
+        return requested, t_terminal
 
     def adopt_token(self, token: native.CancelToken) -> None:
         """Make ``token`` this trial's native token (a hook bound to one token at

@@ -90,6 +90,8 @@ class ExternalEngine:
         def send_cancel() -> None:
             sent.append(proc.send({"type": "cancel", "trial": trial}))
 
+        if ctl.cpu is not None:
+            ctl.cpu.watch(proc.proc.pid)  # the engine's threads are its process's, not the agent's
         if ctl.attach(send_cancel):  # a cancel latched before the run goes first: the engine must latch it
             send_cancel()
         self._sent = sent

@@ -1,0 +1,270 @@
+"""Where the engine's time went between the cancel's receipt and its stop: CPU time,
+time spent waiting runnable for a CPU, involuntary context switches of the engine
+process's threads, and the host's noise facts over the same window (stdlib only).
+
+Linux reads ``/proc/<pid>/task/<tid>/schedstat`` (ns on a CPU, ns waiting on a
+runqueue, timeslices: the scheduler's own per-thread clocks, kernel CONFIG_SCHED_INFO)
+and ``.../status`` (``nonvoluntary_ctxt_switches``) for every thread of the engine's
+process (in-process engines: the agent's own process; external ones: the engine's),
+``/proc/loadavg`` (load, runnable tasks), ``/proc/stat`` (steal) and cpufreq's
+``scaling_cur_freq``. A :class:`Window` snapshots the threads at the receipt
+(:meth:`Window.at_receipt`, right after the cancel was set, so it never delays it) and
+at the terminal state, and diffs them. Threads that exit inside the window are missed
+(llama.cpp's CPU threads are OpenMP's, alive across calls). Elsewhere (macOS) nothing
+is read: the columns are null and ``cpu_account_source`` says why.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+SOURCE = "schedstat"
+MAX_FREQ_CPUS = 64  # cpufreq files read at most (one per CPU the engine may run on)
+_TICK_MS = 1000.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
+# -- pure parsing (unit-tested on captured file contents) ---------------------------------
+def parse_schedstat(text: str) -> tuple[int, int, int]:
+    """``/proc/.../schedstat``: (ns on a CPU, ns waiting runnable on a runqueue, timeslices)."""
+    run, wait, slices = text.split()[:3]
+    return int(run), int(wait), int(slices)
+
+
+_NIVCSW = "\nnonvoluntary_ctxt_switches:"
+
+
+def parse_nonvoluntary(text: str) -> int | None:
+    """``/proc/.../status``: the thread's involuntary context switches, None if not listed."""
+    at = text.find(_NIVCSW)
+    return None if at < 0 else int(text[at + len(_NIVCSW):].split(None, 1)[0])
+
+
+def parse_loadavg(text: str) -> tuple[float, int]:
+    """``/proc/loadavg``: (1-minute load average, tasks runnable now, the reader included)."""
+    fields = text.split()
+    return float(fields[0]), int(fields[3].split("/")[0])
+
+
+def parse_steal_ticks(text: str) -> int | None:
+    """``/proc/stat``: steal time of all CPUs (USER_HZ ticks), None where the kernel's
+    ``cpu`` line has no steal field."""
+    for line in text.splitlines():
+        if line.startswith("cpu "):
+            values = line.split()[1:]
+            return int(values[7]) if len(values) > 7 else None
+    return None
+
+
+def parse_khz(text: str) -> int | None:
+    """cpufreq's ``scaling_cur_freq`` (kHz); None for anything that is not a number."""
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
+# -- reading -----------------------------------------------------------------------------
+def _read(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    threads: dict[int, tuple[int, int, int]]  # tid -> (ns on CPU, ns waiting runnable, involuntary switches)
+    load_1m: float
+    procs_running: int
+    steal_ticks: int | None
+
+
+class ThreadFiles:
+    """The schedstat and status files of one process's threads, opened once and kept open
+    across trials: a snapshot is a pread of each (opening /proc files costs 5x more)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fds: dict[int, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+
+    def _open(self, tid: int) -> tuple[int, int] | None:
+        base = f"/proc/{self.pid}/task/{tid}"
+        try:
+            sched = os.open(f"{base}/schedstat", os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            return sched, os.open(f"{base}/status", os.O_RDONLY)
+        except OSError:
+            os.close(sched)
+            return None
+
+    def _drop(self, tid: int) -> None:
+        for fd in self._fds.pop(tid, ()):
+            os.close(fd)
+
+    def _read_one(self, tid: int) -> tuple[int, int, int] | None:
+        for attempt in (0, 1):  # a stale fd (the tid now names another thread) is opened again once
+            fds = self._fds.get(tid) or self._open(tid)
+            if fds is None:
+                return None
+            self._fds[tid] = fds
+            try:
+                run, wait, _ = parse_schedstat(os.pread(fds[0], 256, 0).decode("ascii"))
+                switches = parse_nonvoluntary(os.pread(fds[1], 4096, 0).decode("ascii", "replace"))
+                return run, wait, switches or 0
+            except (OSError, ValueError):
+                self._drop(tid)
+        return None
+
+    def read(self) -> dict[int, tuple[int, int, int]]:
+        """Every live thread: tid -> (ns on CPU, ns waiting runnable, involuntary switches).
+        A thread that exits while being read is left out; a process that is gone raises OSError."""
+        with self._lock:
+            out = {}
+            for name in os.listdir(f"/proc/{self.pid}/task"):
+                values = self._read_one(int(name))
+                if values is not None:
+                    out[int(name)] = values
+            for tid in set(self._fds) - set(out):
+                self._drop(tid)
+            return out
+
+    def close(self) -> None:
+        with self._lock:
+            for tid in list(self._fds):
+                self._drop(tid)
+
+
+_FILES: dict[int, ThreadFiles] = {}  # pid -> its open files (the agent's own; an external engine's)
+_FILES_LOCK = threading.Lock()
+
+
+def files_of(pid: int) -> ThreadFiles:
+    """The kept-open files of ``pid``; those of other pids beyond the last few are closed."""
+    with _FILES_LOCK:
+        files = _FILES.pop(pid, None) or ThreadFiles(pid)
+        _FILES[pid] = files  # most recent last
+        while len(_FILES) > 4:
+            _FILES.pop(next(iter(_FILES))).close()
+        return files
+
+
+def read_threads(pid: int) -> dict[int, tuple[int, int, int]]:
+    return files_of(pid).read()
+
+
+def snapshot(pid: int) -> Snapshot:
+    load, running = parse_loadavg(_read("/proc/loadavg"))
+    return Snapshot(read_threads(pid), load, running, parse_steal_ticks(_read("/proc/stat")))
+
+
+def diff(before: Snapshot, after: Snapshot) -> dict:
+    """The window's columns: threads alive at its end, counted from zero if they started in it."""
+    run = wait = switches = 0
+    for tid, (r, w, s) in after.threads.items():
+        r0, w0, s0 = before.threads.get(tid, (0, 0, 0))
+        run, wait, switches = run + r - r0, wait + w - w0, switches + s - s0
+    steal = (None if before.steal_ticks is None or after.steal_ticks is None
+             else (after.steal_ticks - before.steal_ticks) * _TICK_MS)
+    return {"engine_cpu_ms": run / 1e6, "engine_cpu_wait_ms": wait / 1e6, "engine_involuntary_switches": switches,
+            "engine_threads": len(after.threads), "host_loadavg_1m": after.load_1m,
+            "host_procs_running": max(before.procs_running, after.procs_running), "host_steal_ms": steal}
+
+
+def cpu_mhz(pid: int) -> float | None:
+    """Mean current frequency of the CPUs ``pid`` may run on (the first MAX_FREQ_CPUS), MHz;
+    None where cpufreq is not exposed (most VMs)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(pid))[:MAX_FREQ_CPUS]
+    except OSError:
+        return None
+    khz = []
+    for cpu in cpus:
+        try:
+            value = parse_khz(_read(f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_cur_freq"))
+        except OSError:
+            return None
+        if value is not None:
+            khz.append(value)
+    return sum(khz) / len(khz) / 1000.0 if khz else None
+
+
+def unavailable_reason(pid: int) -> str | None:
+    """Why this host cannot account the engine's threads, or None when it can."""
+    if not sys.platform.startswith("linux"):
+        return f"unavailable: {sys.platform} has no per-thread run delay cancelbench reads (Linux schedstat only)"
+    if not os.path.exists(f"/proc/{pid}/task/{pid}/schedstat"):
+        return "unavailable: no /proc/<pid>/task/<tid>/schedstat (kernel without CONFIG_SCHED_INFO, or pid gone)"
+    return None
+
+
+class Window:
+    """One trial's window, receipt -> terminal, on the engine process ``pid``. Thread-safe:
+    the receipt is taken on the cancel's thread, the terminal on the engine's."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._lock = threading.Lock()
+        self._receipt: Snapshot | None = None
+        self._terminal: Snapshot | None = None
+        self._mhz: float | None = None
+        self._cost_us: float | None = None
+        self._asked = False  # a cancel was received: the window exists
+        self._why: str | None = unavailable_reason(pid)
+
+    def owe_receipt(self) -> None:
+        """Called under the cancel's lock: a receipt snapshot is coming, so a terminal one waits for it.
+        The same thread must call :meth:`at_receipt` next."""
+        self._lock.acquire()
+
+    def at_receipt(self) -> None:
+        """The receipt snapshot (after :meth:`owe_receipt`); its own cost is recorded."""
+        try:
+            self._asked = True
+            if self._why is None:
+                t0 = time.perf_counter_ns()
+                self._receipt = self._take()
+                self._cost_us = (time.perf_counter_ns() - t0) / 1e3
+        finally:
+            self._lock.release()
+
+    def at_terminal(self) -> None:
+        with self._lock:
+            if self._receipt is not None and self._terminal is None:
+                self._terminal = self._take()
+                self._mhz = cpu_mhz(self.pid) if self._terminal is not None else None
+
+    def watch(self, pid: int) -> None:
+        """The engine runs in ``pid`` (an external engine, maybe restarted): a receipt already
+        taken (a cancel latched before the run) is taken again on it."""
+        with self._lock:
+            if pid == self.pid:
+                return
+            self.pid, self._why = pid, unavailable_reason(pid)
+            if self._receipt is not None:
+                self._receipt = self._take()
+
+    def _take(self) -> Snapshot | None:
+        try:
+            return snapshot(self.pid)
+        except OSError as exc:
+            self._why = f"unavailable: engine process {self.pid}: {type(exc).__name__}"
+            return None
+
+    def columns(self) -> dict:
+        """The record's columns; empty if no cancel was received (no window)."""
+        self.at_terminal()  # a trial that ended without a terminal state (an error): now
+        with self._lock:
+            if not self._asked:
+                return {}
+            if self._why is not None:
+                return {"cpu_account_source": self._why}
+            if self._receipt is None or self._terminal is None:
+                return {}
+            return {**diff(self._receipt, self._terminal), "host_cpu_mhz": self._mhz,
+                    "cpu_snapshot_us": self._cost_us, "cpu_account_source": SOURCE}

@@ -1,0 +1,163 @@
+"""The engine's CPU accounting (device_agents/cpu_account.py): the /proc parsers on captured
+file contents, the window's diff, and real threads on this host (a busy thread's CPU time
+grows; a process that waits behind two busy loops on its CPU accrues run delay)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from cancelbench import native
+from cancelbench.device_agents import cpu_account as ca
+from cancelbench.device_agents.engines.base import CancelControl, Progress
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux /proc")
+
+STATUS = """Name:\tpython
+State:\tR (running)
+Tgid:\t4242
+voluntary_ctxt_switches:\t150
+nonvoluntary_ctxt_switches:\t17
+"""
+STAT = """cpu  342179 0 44332 136229 1058 0 444 140 0 0
+cpu0 171000 0 22000 68000 500 0 200 70 0 0
+intr 1 2 3
+procs_running 7
+procs_blocked 0
+"""
+STAT_OLD_KERNEL = "cpu  342179 0 44332 136229 1058 0 444\nprocs_running 2\n"  # no steal field (before 2.6.11)
+
+
+def test_parsers_read_captured_files():
+    assert ca.parse_schedstat("13077990 14661885 5\n") == (13077990, 14661885, 5)
+    assert ca.parse_nonvoluntary(STATUS) == 17  # not the voluntary line above it
+    assert ca.parse_nonvoluntary("Name:\tx\n") is None
+    assert ca.parse_loadavg("2.43 3.38 2.93 3/115 2271\n") == (2.43, 3)
+    assert ca.parse_steal_ticks(STAT) == 140
+    assert ca.parse_steal_ticks(STAT_OLD_KERNEL) is None
+    assert ca.parse_khz("2400000\n") == 2400000
+    assert ca.parse_khz("<unknown>\n") is None
+
+
+def test_diff_counts_new_threads_from_zero_and_keeps_missing_steal_null():
+    before = ca.Snapshot({1: (1_000_000, 500_000, 2), 2: (10, 10, 0), 3: (7, 7, 7)}, 0.5, 3, None)
+    after = ca.Snapshot({1: (4_000_000, 2_500_000, 5), 2: (10, 10, 0), 4: (1_000_000, 0, 1)}, 1.5, 5, 200)
+    cols = ca.diff(before, after)
+    assert cols["engine_cpu_ms"] == pytest.approx(4.0)  # thread 1: 3 ms; thread 4 (new): 1 ms; 3 exited
+    assert cols["engine_cpu_wait_ms"] == pytest.approx(2.0)
+    assert cols["engine_involuntary_switches"] == 4
+    assert cols["engine_threads"] == 3
+    assert cols["host_loadavg_1m"] == 1.5 and cols["host_procs_running"] == 5
+    assert cols["host_steal_ms"] is None  # one side without a steal field: unknown, never 0
+    cols = ca.diff(ca.Snapshot({}, 0.1, 9, 100), ca.Snapshot({}, 0.1, 2, 103))
+    assert cols["host_steal_ms"] == pytest.approx(3 * 1000.0 / os.sysconf("SC_CLK_TCK"))
+    assert cols["host_procs_running"] == 9
+
+
+def test_other_platforms_say_plainly_what_is_not_available(monkeypatch):
+    monkeypatch.setattr(ca.sys, "platform", "darwin")
+    w = ca.Window(os.getpid())
+    assert w.columns() == {}  # no cancel received: no window, no columns
+    w.owe_receipt()
+    w.at_receipt()
+    w.at_terminal()
+    assert w.columns() == {"cpu_account_source": "unavailable: darwin has no per-thread run delay cancelbench "
+                                                  "reads (Linux schedstat only)"}
+
+
+def _busy_until(stop: threading.Event, counter: list) -> None:
+    while not stop.is_set():
+        counter[0] += 1
+
+
+@linux_only
+def test_a_busy_threads_cpu_time_grows():
+    stop, counter, tid = threading.Event(), [0], []
+    t = threading.Thread(target=lambda: (tid.append(threading.get_native_id()), _busy_until(stop, counter)))
+    t.start()
+    try:
+        while not tid:
+            threading.Event().wait(0.001)
+        before = ca.read_threads(os.getpid())[tid[0]]
+        seen = counter[0]
+        while counter[0] < seen + 200_000:  # it has done this much work since the snapshot
+            threading.Event().wait(0.001)
+        after = ca.read_threads(os.getpid())[tid[0]]
+    finally:
+        stop.set()
+        t.join()
+    assert after[0] > before[0]  # ns on a CPU grew
+    assert set(ca.read_threads(os.getpid())) == {int(x) for x in os.listdir("/proc/self/task")}
+
+
+BUSY = "while True: pass"
+# Waits for a line, does a fixed amount of work, says so, waits to be told to exit.
+WORK = "import sys\nsys.stdin.readline()\nn = 0\nfor i in range(3_000_000): n += i\nprint('done', flush=True)\nsys.stdin.readline()\n"
+
+
+def _pinned(code: str, cpu: int, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], preexec_fn=lambda: os.sched_setaffinity(0, {cpu}), **kw)
+
+
+@linux_only
+def test_an_engine_behind_two_busy_loops_on_its_cpu_waits_runnable():
+    """Three runnable tasks on one CPU: the scheduler gives the engine about a third, so its run
+    delay outgrows its CPU time; the window on its process (an external engine's path) says so."""
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    busy = [_pinned(BUSY, cpu) for _ in range(2)]
+    engine = _pinned(WORK, cpu, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        w = ca.Window(os.getpid())
+        w.watch(engine.pid)
+        w.owe_receipt()
+        w.at_receipt()
+        engine.stdin.write("go\n")
+        engine.stdin.flush()
+        assert engine.stdout.readline().strip() == "done"
+        w.at_terminal()
+        cols = w.columns()
+    finally:
+        for p in busy + [engine]:
+            p.kill()
+            p.wait()
+    assert cols["cpu_account_source"] == "schedstat"
+    assert cols["engine_cpu_ms"] > 0 and cols["engine_threads"] >= 1
+    assert cols["engine_cpu_wait_ms"] > cols["engine_cpu_ms"]  # waited for its CPU longer than it ran
+    assert cols["engine_involuntary_switches"] > 0  # preempted by the busy loops
+    assert cols["host_procs_running"] >= 3  # the two loops and the engine, at least at one end
+    assert cols["cpu_snapshot_us"] > 0
+
+
+@linux_only
+def test_cancel_control_takes_the_window_from_receipt_to_terminal():
+    ctl = CancelControl(native.CancelToken(), Progress())
+    ctl.cpu = ca.Window(os.getpid())
+    assert ctl.request(native.now_ns())
+    sum(range(200_000))  # the engine works on after the receipt
+    requested, _ = ctl.close()
+    assert requested
+    cols = ctl.cpu.columns()
+    assert cols["cpu_account_source"] == "schedstat" and cols["engine_cpu_ms"] > 0
+    assert cols["engine_threads"] == len(os.listdir("/proc/self/task"))
+    late = CancelControl(native.CancelToken(), Progress())
+    late.cpu = ca.Window(os.getpid())
+    late.close()
+    assert not late.request(native.now_ns())  # after the terminal state: not this trial's, no window
+    assert late.cpu.columns() == {}
+
+
+@linux_only
+def test_an_engine_process_gone_is_said_plainly():
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE)
+    w = ca.Window(os.getpid())
+    w.watch(child.pid)
+    w.owe_receipt()
+    w.at_receipt()
+    child.kill()
+    child.wait()
+    w.at_terminal()
+    assert w.columns() == {"cpu_account_source": f"unavailable: engine process {child.pid}: FileNotFoundError"}
