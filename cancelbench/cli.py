@@ -17,8 +17,8 @@ EXIT_OK, EXIT_FAILURES, EXIT_INPUT = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse's own usage errors: one line, exit 2
-        self.exit(EXIT_INPUT, f"cancelbench: error: {message}\n")
+    def error(self, message: str):  # argparse's own usage errors: one line naming the sub-command, exit 2
+        self.exit(EXIT_INPUT, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
 def _fail(message: str, code: int = EXIT_INPUT) -> int:
@@ -56,16 +56,19 @@ def cmd_sweep(args) -> int:
     from cancelbench import signals
     from cancelbench.orchestrator.cluster import ClusterError, check_address
 
+    from cancelbench.outputs import OutputError, check_sweep_out
+
     signals.install()  # SIGINT, SIGTERM, SIGHUP alike, whatever this process inherited
-    out = Path(args.out) if args.out else Path("results") / "sweep"
+    out = Path(args.out) if args.out is not None else Path("results") / "sweep"
     try:
+        check_sweep_out("" if args.out is not None and not args.out.strip() else out)
         check_address(args.address or os.environ.get("RAY_ADDRESS"))
         config = load_config(args.config)
         if args.trials is not None:
             config = with_trials(config, args.trials)
         _warn_threads(config, args.address)
         result = run_sweep(config, out, address=args.address, resume=args.resume, progress=not args.quiet)
-    except (ConfigError, SweepInputError, LockError, DatasetError, ClusterError) as exc:
+    except (ConfigError, SweepInputError, LockError, DatasetError, ClusterError, OutputError) as exc:
         return _fail(str(exc))
     except SinkError as exc:  # records kept as JSON lines; the dataset is incomplete
         return _fail(str(exc), EXIT_FAILURES)
@@ -147,16 +150,25 @@ def _unwritable_dir(path: Path) -> str | None:
 
 def cmd_lock(args) -> int:
     from cancelbench.datasets.locks import write_lock
+    from cancelbench.outputs import OutputError, check_outputs
 
-    files = {Path(p).name: Path(p) for p in args.files}
-    missing = [str(p) for p in files.values() if not p.is_file()]
+    missing = [p for p in args.files if not Path(p).is_file()]
     if missing:
         return _fail(f"not a file: {', '.join(missing)}")
+    files: dict[str, Path] = {}
+    for p in map(Path, args.files):
+        if p.name in files:  # a lock keys its entries by file name: the second would replace the first
+            same = files[p.name].resolve() == p.resolve()
+            return _fail(f"{files[p.name]} and {p}: " + ("the same file, given twice" if same else
+                         f"two files named {p.name}; a lock names its files by name, so lock them separately"))
+        files[p.name] = p
     out = Path(args.out)
-    if not out.parent.is_dir():
-        return _fail(f"--out {out}: directory {out.parent} does not exist")
-    if out.is_dir():
+    if args.out.strip() and out.is_dir() and not out.is_symlink():
         return _fail(f"--out {out} is a directory; give the lock file's name, e.g. {out / 'my-model.json'}")
+    try:
+        check_outputs([("--out", args.out)], inputs=list(files.values()))
+    except OutputError as exc:
+        return _fail(str(exc))
     try:
         write_lock(out, args.name or out.stem, files, args.source)
     except OSError as exc:
@@ -168,6 +180,7 @@ def cmd_lock(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="cancelbench", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.set_defaults(_commands=sub.choices)  # main: leftover arguments are the sub-command's error
 
     p = sub.add_parser("sweep", help="run a cancellation sweep")
     p.add_argument("--config", type=Path, help="sweep TOML (default: built-in text sweep)")
@@ -208,9 +221,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    """Run one command. A closed stdout or a reader that stops early (``| head``) drops the rest of
+    what would be printed; the exit status stays the command's (cancelbench.outputs.guard_stdout)."""
+    from cancelbench.outputs import finish_stdout, guard_stdout
+
+    previous = sys.stdout
+    guard_stdout()
+    try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # said by the sub-command's parser: "cancelbench report: error: unrecognized arguments"
+            args._commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        return int(args.func(args) or 0)
+    finally:
+        finish_stdout()
+        if previous is not None:
+            sys.stdout = previous
 
 
 if __name__ == "__main__":

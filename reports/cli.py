@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from cancelbench.fileio import write_atomic
+from cancelbench.outputs import check_outputs, write_outputs
 from cancelbench.inputs import non_negative_int, positive_finite
 from cancelbench.sink import DatasetError, partial_reason
 
@@ -20,33 +21,55 @@ from .load import Filters
 from .tables import BoundSpec, ReportSpec
 
 
-def _percent(text: str) -> float:
-    value = float(text)
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def percentile(text: str) -> float:
+    """argparse type: a percentile in (0, 100), returned as a fraction."""
+    value = _number(text)
     if not 0 < value < 100:
-        raise argparse.ArgumentTypeError("percentile must lie in (0, 100)")
+        raise argparse.ArgumentTypeError(f"a percentile must lie in (0, 100), got {text!r}")
     return value / 100.0
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
+def fraction(text: str) -> float:
+    """argparse type: a number in (0, 1)."""
+    value = _number(text)
     if not 0 < value < 1:
-        raise argparse.ArgumentTypeError("must lie in (0, 1)")
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1), got {text!r}")
     return value
 
 
+def integer(text: str) -> int:
+    """argparse type: an integer."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+_percent, _fraction = percentile, fraction  # the names other modules import
 _positive = positive_finite  # a finite number > 0: "inf" and "nan" are refused
+
+MIN_BOOTSTRAP, MAX_BOOTSTRAP = 100, 100_000
 
 
 def _add_bootstrap(p: argparse.ArgumentParser, default: int, what: str) -> None:
     """--bootstrap (replicates; :func:`_bootstrap` checks them) and --seed."""
-    p.add_argument("--bootstrap", type=int, default=default, help=f"bootstrap replicates {what}(default {default})")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--bootstrap", type=integer, default=default, metavar="N",
+                   help=f"bootstrap replicates {what}({MIN_BOOTSTRAP}..{MAX_BOOTSTRAP:,}; default {default})")
+    p.add_argument("--seed", type=integer, default=0, metavar="S", help="bootstrap seed (default 0)")
 
 
 def _bootstrap(args: argparse.Namespace) -> int:
-    """--bootstrap, at least 100: fewer make a 95% interval of a few points (one line, exit 2 otherwise)."""
-    if args.bootstrap < 100:
-        raise ValueError("--bootstrap must be at least 100")
+    """--bootstrap in 100..100,000: fewer make a 95% interval of a few points; more change an interval
+    by less than its rounding and cost memory and minutes (one line, exit 2 otherwise)."""
+    if not MIN_BOOTSTRAP <= args.bootstrap <= MAX_BOOTSTRAP:
+        raise ValueError(f"--bootstrap must lie in {MIN_BOOTSTRAP}..{MAX_BOOTSTRAP:,}, got {args.bootstrap}")
     return args.bootstrap
 
 
@@ -54,15 +77,88 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bound", type=_positive, default=50.0, metavar="MS", help="latency bound in ms (default 50)")
     p.add_argument("--bound-for", action="append", default=[], metavar="WORKLOAD[:PHASE]=MS",
                    help="bound override for a workload and/or phase ('*:PHASE=MS' for every workload); repeatable")
-    p.add_argument("--confidence", type=_fraction, default=0.95,
+    p.add_argument("--confidence", type=fraction, default=0.95, metavar="C",
                    help="confidence for minimum sample counts, early stopping and CIs (default 0.95)")
-    p.add_argument("--workload", action="append", help="only these workloads (repeatable; pushed down)")
-    p.add_argument("--backend", action="append", help="only these backends (repeatable; prunes partitions)")
-    p.add_argument("--host", action="append", help="only these (sanitized) hosts (repeatable; prunes partitions)")
+    p.add_argument("--workload", action="append", metavar="W", help="only these workloads (repeatable; pushed down)")
+    p.add_argument("--backend", action="append", metavar="B", help="only these backends (repeatable; prunes partitions)")
+    p.add_argument("--host", action="append", metavar="H",
+                   help="only these (sanitized) hosts (repeatable; prunes partitions)")
+
+
+def parse_bound_for(text: str) -> tuple[str | None, str | None, float]:
+    """``WORKLOAD[:PHASE]=MS``: the last ``=`` splits off the bound, the first unescaped ``:`` splits
+    the workload from the phase, an unescaped ``*`` (alone) or an empty part is every workload or
+    phase, and a backslash makes the next character literal (``a\\:b``, ``\\*``, ``\\\\``)."""
+    target, sep, ms = text.rpartition("=")
+    if not sep or not target:
+        raise ValueError(f"bad bound override --bound-for {text!r}: expected WORKLOAD[:PHASE]=MS")
+    try:
+        value = float(ms)
+    except ValueError:
+        raise ValueError(f"bad bound override --bound-for {text!r}: {ms!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise ValueError(f"bad bound override --bound-for {text!r}: the bound must be a finite number > 0")
+    parts: list[list[str]] = [[]]
+    literal = [False]  # per part: holds an escaped character (so an escaped * is a name)
+    chars = iter(target)
+    for ch in chars:
+        if ch == "\\":
+            nxt = next(chars, None)
+            if nxt is None:
+                raise ValueError(f"bad bound override --bound-for {text!r}: a trailing backslash escapes nothing")
+            parts[-1].append(nxt)
+            literal[-1] = True
+        elif ch == ":" and len(parts) == 1:
+            parts.append([])
+            literal.append(False)
+        else:
+            parts[-1].append(ch)
+    names = ["".join(p) for p in parts]
+
+    def name(i: int) -> str | None:
+        if i >= len(names) or (not literal[i] and names[i] in ("", "*")):
+            return None
+        return names[i]
+
+    return name(0), name(1), value
 
 
 def _bound_spec(args: argparse.Namespace) -> BoundSpec:
-    return BoundSpec(default_ms=args.bound, overrides=tuple(BoundSpec.parse_override(t) for t in args.bound_for))
+    return BoundSpec(default_ms=args.bound, overrides=tuple(parse_bound_for(t) for t in args.bound_for))
+
+
+def check_bound_targets(bound: BoundSpec, cells) -> None:
+    """Every --bound-for names a workload and phase that some selected cell has (a typo would
+    otherwise never apply): ValueError naming the first that does not."""
+    pairs = {(c.workload, c.phase) for c in cells}
+    workloads = sorted({w for w, _ in pairs})
+    for workload, phase, ms in bound.overrides:
+        shown = f"{'*' if workload is None else workload}{'' if phase is None else ':' + phase}={ms:g}"
+        if workload is not None and workload not in workloads:
+            raise ValueError(f"--bound-for {shown}: no workload {workload!r} in the selected records "
+                             f"(workloads: {', '.join(workloads) or 'none'})")
+        phases = sorted({p for w, p in pairs if workload in (None, w)})
+        if phase is not None and phase not in phases:
+            where = "any workload" if workload is None else f"workload {workload!r}"
+            raise ValueError(f"--bound-for {shown}: no phase {phase!r} in {where} of the selected records "
+                             f"(phases: {', '.join(phases) or 'none'})")
+
+
+def check_ray_options(engine: str | None, address: str | None) -> None:
+    """--ray-address only with --engine ray; a ray:// (Ray Client) address refused at once, as
+    ``sweep`` refuses it (the report runs on a node of the cluster, or the client times out)."""
+    import os
+
+    if address is not None and engine != "ray":
+        raise ValueError("--ray-address applies to --engine ray only (the pandas engine runs here)")
+    if engine == "ray":
+        address = address or os.environ.get("RAY_ADDRESS")
+        if address is not None and not address.strip():
+            raise ValueError("--ray-address: an empty address")
+        if address and "://" in address:
+            raise ValueError(f"Ray address {address!r}: Ray Client (ray://) and other URL addresses are not "
+                             "supported; run cancelbench on a node of the cluster and give its GCS as "
+                             "--ray-address HOST:PORT (or 'auto')")
 
 
 def _filters(args: argparse.Namespace) -> Filters:
@@ -73,6 +169,16 @@ def _filters(args: argparse.Namespace) -> Filters:
 def _write(path: str, text: str) -> None:
     """Write a report file whole or not at all (a full disk leaves no truncated page behind)."""
     write_atomic(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def output_options(args: argparse.Namespace, forms: tuple[str, ...]) -> list[tuple[str, str | None]]:
+    """(option, path) of every ``--FORM PATH`` output option the command has."""
+    return [(f"--{form}", getattr(args, form, None)) for form in forms]
+
+
+def write_renders(outputs: list[tuple[str, Path]], render) -> None:
+    """Render every checked output (``render(form)``), then write them all or none."""
+    write_outputs([(path, render(option[2:])) for option, path in outputs])
 
 
 def _fail(command: str, exc: BaseException) -> int:
@@ -95,16 +201,19 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--junit", metavar="PATH", help="also write the JUnit XML here")
     p.add_argument("--json", metavar="PATH", help="also write the JSON verdict here")
     p.add_argument("--html", metavar="PATH", help="also write the self-contained HTML page here")
-    p.add_argument("--bound-percentile", type=_percent, default=0.99, metavar="PCT",
+    p.add_argument("--bound-percentile", type=percentile, default=0.99, metavar="PCT",
                    help="percentile compared with the bound (default 99)")
-    p.add_argument("--max-defects", type=non_negative_int, default=50, help="defects listed in text forms (JSON lists all)")
+    p.add_argument("--max-defects", type=non_negative_int, default=50, metavar="N", help="defects listed in text forms (JSON lists all)")
     p.add_argument("--engine", choices=("pandas", "ray"), default="pandas",
                    help="aggregate with pandas on this machine (default) or on Ray Data")
-    p.add_argument("--ray-address", default=None,
+    p.add_argument("--ray-address", default=None, metavar="A",
                    help="Ray cluster for --engine ray (default: RAY_ADDRESS, else a local Ray on 127.0.0.1)")
     _add_common(p)
     p.set_defaults(func=run_report)
     return p
+
+
+REPORT_FILES = ("html", "markdown", "json", "junit")
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -112,12 +221,15 @@ def run_report(args: argparse.Namespace) -> int:
     from .format import to_json, to_markdown, to_terminal
 
     try:
+        outputs = check_outputs(output_options(args, REPORT_FILES), inputs=args.dirs)  # before anything runs
+        check_ray_options(args.engine, args.ray_address)
         spec = ReportSpec(bound=_bound_spec(args), bound_percentile=args.bound_percentile, confidence=args.confidence)
         filters = _filters(args)
         html = args.format == "html" or bool(args.html)
         # pandas: one scan for the tables and the plots
         report = build_report(args.dirs, spec, filters, engine=args.engine, with_samples=html,
                               address=args.ray_address)
+        check_bound_targets(spec.bound, report.cells)
         from .github import append_step_summary, report_annotations
         from .junit import report_to_junit
 
@@ -127,18 +239,9 @@ def run_report(args: argparse.Namespace) -> int:
                    "github": lambda: report_annotations(report)}
         if html:
             from .html import to_html
-            from .load import load_references
-
-            page = to_html(report, report.samples, load_references(args.dirs, filters))
+            page = to_html(report, report.samples, report.references)
             renders["html"] = lambda: page
-            if args.html:
-                _write(args.html, page)
-        if args.markdown:
-            _write(args.markdown, renders["markdown"]())
-        if args.json:
-            _write(args.json, renders["json"]())
-        if args.junit:
-            _write(args.junit, renders["junit"]())
+        write_renders(outputs, lambda form: renders[form]())
         sys.stdout.write(renders[args.format]())
         append_step_summary(lambda limit: to_markdown(report, args.max_defects, limit), "report")
         for d in args.dirs:  # an interrupted or cut-short sweep: say so (the tables cover what is on disk)
@@ -166,7 +269,7 @@ def add_diff_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--junit", metavar="PATH", help="also write the JUnit XML here")
     p.add_argument("--json", metavar="PATH", help="also write the JSON verdict here")
     p.add_argument("--html", metavar="PATH", help="also write the HTML page here")
-    p.add_argument("--percentile", type=_percent, default=0.99, metavar="PCT",
+    p.add_argument("--percentile", type=percentile, default=0.99, metavar="PCT",
                    help="percentile whose change is tested (default 99)")
     p.add_argument("--threshold", type=_positive, default=0.10, metavar="FRACTION",
                    help="relative change of the percentile that counts when significant, as a fraction: "
@@ -183,19 +286,19 @@ def add_diff_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+DIFF_FILES = ("markdown", "json", "html", "junit")
+
+
 def run_diff_cmd(args: argparse.Namespace) -> int:
     from .diff import DiffSpec, diff_to_json, diff_to_markdown, diff_to_terminal, parse_class_map, run_diff
 
     try:
+        outputs = check_outputs(output_options(args, DIFF_FILES), inputs=[args.baseline, args.candidate])
         spec = DiffSpec(percentile=args.percentile, rel_threshold=args.threshold, confidence=args.confidence,
                         n_boot=_bootstrap(args), seed=args.seed, bound=_bound_spec(args),
                         class_map=parse_class_map(args.map_class), ignore_settings=tuple(args.ignore_setting))
         result = run_diff([args.baseline], [args.candidate], spec, _filters(args))
-        from .legend import builds_by_class, builds_legend
-
-        legend = builds_legend([("baseline", builds_by_class([args.baseline], _filters(args))),
-                                ("candidate", builds_by_class([args.candidate], _filters(args)))])
-        result.legend = [legend] if legend.rows else []
+        check_bound_targets(spec.bound, result.cells)
         from .html import diff_to_html
 
         from .github import append_step_summary, diff_annotations
@@ -203,10 +306,7 @@ def run_diff_cmd(args: argparse.Namespace) -> int:
 
         renders = {"terminal": diff_to_terminal, "markdown": diff_to_markdown, "json": diff_to_json,
                    "html": diff_to_html, "junit": diff_to_junit, "github": diff_annotations}
-        for path, form in ((args.markdown, "markdown"), (args.json, "json"), (args.html, "html"),
-                           (args.junit, "junit")):
-            if path:
-                _write(path, renders[form](result))
+        write_renders(outputs, lambda form: renders[form](result))
         sys.stdout.write(renders[args.format](result))
         append_step_summary(lambda limit: diff_to_markdown(result, limit), "diff")
     except (DatasetError, ValueError, OSError) as exc:

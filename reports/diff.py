@@ -48,10 +48,12 @@ from .legend import BUILD_COLUMNS, builds_by_class_of, builds_legend
 from .load import TABLE_COLUMNS, Filters, frame_of, read_once, records_of
 from .settings import CLASS_COLUMNS, SettingsByCell, check_settings, settings_by_cell
 from .settings import COLUMNS as SETTINGS_COLUMNS
-from .tables import NONE_LABEL, ROW_KEYS, BoundSpec, ReportSpec, device_class_key, sample_mask, summarize_cell_arrays
+from .tables import (NONE_LABEL, ROW_KEYS, BoundSpec, ReportSpec, _Take, device_class_key, sample_mask,
+                     summarize_cell_arrays)
 
 # What diff (and trend) read of each side, in its one scan: the cells, the settings check, the builds legend.
 DIFF_COLUMNS = list(dict.fromkeys([*TABLE_COLUMNS, *SETTINGS_COLUMNS, *CLASS_COLUMNS, *BUILD_COLUMNS]))
+SETTINGS_READ = ["workload", "mechanism", "delivery", *CLASS_COLUMNS, *SETTINGS_COLUMNS]
 
 
 class DiffInputError(DatasetError):
@@ -144,22 +146,29 @@ class _Side:
 def _cells_by_class(frame: pd.DataFrame, spec: ReportSpec, class_map: dict[str, str]) -> dict[tuple, _Side]:
     """Cells keyed by (workload, phase, mechanism, delivery, device class):
     every host of one class pools into one cell."""
-    cls = frame["platform"].astype(str)
-    for col in ("arch", "backend", "device_name"):
-        cls = cls + "/" + frame[col].astype(str)  # == tables.device_class_key, vectorized
-    if class_map:
-        cls = cls.map(lambda c: class_map.get(c, c))
-    f = frame.assign(device_class=cls.astype("category"))
+    f = frame.assign(device_class=_device_classes(frame, class_map))
     keys = list(ROW_KEYS) + ["device_class"]
     outcome = f["outcome"].astype(object).to_numpy()
     lat = f["latency_ms"].to_numpy(dtype=float, na_value=np.nan)
     cost = f["cost_ratio"].to_numpy(dtype=float, na_value=np.nan)
-    ids = f["trial_id"].astype(object).to_numpy()
+    # Stays one Arrow array: only the few over-bound ids ever become Python strings (as tables.aggregate_cells).
+    ids = pa.Table.from_pandas(f[["trial_id"]], preserve_index=False).column(0).combine_chunks()
     out = {}
     for key, idx in f.groupby(keys, sort=True, observed=True).indices.items():
-        cell = summarize_cell_arrays(key, outcome[idx], lat[idx], cost[idx], ids[idx], spec)
+        cell = summarize_cell_arrays(key, outcome[idx], lat[idx], cost[idx], _Take(ids, idx), spec)
         out[tuple(map(str, key))] = _Side(cell, np.sort(lat[idx][sample_mask(outcome[idx], lat[idx])]))
     return out
+
+
+def _device_classes(frame: pd.DataFrame, class_map: dict[str, str]) -> pd.Categorical:
+    """Each row's device class (``tables.device_class_key``, mapped by ``class_map``), built per
+    distinct (platform, arch, backend, device name), not per row."""
+    codes = np.zeros(len(frame), dtype=np.int64)
+    names: dict[str, int] = {}
+    for key, idx in frame.groupby(CLASS_COLUMNS, observed=True, sort=True, dropna=False).indices.items():
+        cls = device_class_key(*key)
+        codes[idx] = names.setdefault(class_map.get(cls, cls), len(names))
+    return pd.Categorical.from_codes(codes, categories=list(names)) if names else pd.Categorical([])
 
 
 @dataclass
@@ -179,9 +188,11 @@ def read_side(dirs: list[str | Path], spec: ReportSpec, filters: Filters, class_
     """Read ``dirs`` once (each dataset once) and derive a side's cells, settings, builds and
     invalid records; also returns the scanned rows (``extra`` columns: what a trend orders by)."""
     scan = read_once(dirs, list(dict.fromkeys([*DIFF_COLUMNS, *extra])), filters)
-    records = records_of(scan, filters)
-    cells = _cells_by_class(frame_of(records, scan.dirs, len(scan.invalid)), spec, class_map)
-    side = SideData(cells, settings_by_cell(records, class_map), builds_by_class_of(scan.table),
+    frame = frame_of(records_of(scan, filters, TABLE_COLUMNS), scan.dirs, len(scan.invalid))
+    cells = _cells_by_class(frame, spec, class_map)
+    del frame
+    settings = settings_by_cell(records_of(scan, filters, SETTINGS_READ), class_map)
+    side = SideData(cells, settings, builds_by_class_of(scan.table),
                     _invalid_by_cell(scan.invalid, class_map), scan.dirs, scan.repeats)
     return side, scan.table
 
@@ -342,18 +353,20 @@ def diff_section(result: DiffResult) -> Section:
     for d in result.cells:
         ci = "-" if d.ci_low_ms is None else f"[{d.ci_low_ms:+.2f}, {d.ci_high_ms:+.2f}]"
         rel = "-" if d.rel_change is None else f"{d.rel_change:+.1%}"
-        rows.append([d.verdict.upper() if d.verdict == "regressed" else d.verdict, d.device_class, d.workload,
-                     d.phase, d.mechanism, d.delivery, f"{d.base_n} -> {d.cand_n}",
-                     f"{fmt_ms(d.base_p50)} -> {fmt_ms(d.cand_p50)}",
-                     f"{fmt_ms(d.base_value)} -> {fmt_ms(d.cand_value)}",
-                     rel, ci, f"{d.base_dropped} -> {d.cand_dropped}", "; ".join(d.reasons),
-                     " ".join(d.cand_worst_trial_ids) if d.verdict == "regressed" else ""])
+        row = [d.verdict.upper() if d.verdict == "regressed" else d.verdict, d.device_class, d.workload,
+               d.phase, d.mechanism, d.delivery, f"{d.base_n} -> {d.cand_n}",
+               f"{fmt_ms(d.base_p50)} -> {fmt_ms(d.cand_p50)}",
+               f"{fmt_ms(d.base_value)} -> {fmt_ms(d.cand_value)}",
+               rel, ci, f"{d.base_dropped} -> {d.cand_dropped}", "; ".join(d.reasons),
+               " ".join(d.cand_worst_trial_ids) if d.verdict == "regressed" else ""]
+        rows.append(row if pl != "p50" else row[:8] + row[9:])  # --percentile 50: one p50 column
+    columns = ["verdict", "device class", "workload", "phase", "mechanism", "delivery", "n", "p50 ms", f"{pl} ms",
+               f"{pl} change", "CI (ms)", "dropped", "why", "worst candidate trials"]
     return Section(
         "Cells", f"{pl} change with a {result.spec.confidence:g} bootstrap CI (seed {result.spec.seed}, "
         f"{result.spec.n_boot} replicates); regression = CI above 0 and > {result.spec.rel_threshold:.0%}, "
         "or new dropped/lost, or newly over the bound",
-        ["verdict", "device class", "workload", "phase", "mechanism", "delivery", "n", "p50 ms", f"{pl} ms",
-         f"{pl} change", "CI (ms)", "dropped", "why", "worst candidate trials"], rows, sid="cells")
+        columns if pl != "p50" else columns[:8] + columns[9:], rows, sid="cells")
 
 
 def diff_headline(result: DiffResult) -> str:

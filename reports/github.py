@@ -15,7 +15,9 @@ cannot end the command early or start another one.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Callable
@@ -86,17 +88,33 @@ def append_step_summary(render: Callable[[int], str], command: str, environ=None
         return None
     path = Path(target)
     try:
-        used = path.stat().st_size if path.exists() else 0
-        room = SUMMARY_LIMIT - used - 2  # the separating newline(s)
-        text = fit_markdown(render, room) if room > 0 else None
-        if text is None:
-            print(f"cancelbench {command}: warning: {SUMMARY_ENV} ({path}) already holds {used} bytes of the "
-                  f"{SUMMARY_LIMIT}-byte job summary limit; the {command} Markdown was not added", file=sys.stderr)
-            return None
-        with path.open("a", encoding="utf-8") as fh:
-            fh.write(("\n" if used else "") + text + ("" if text.endswith("\n") else "\n"))
+        # Non-blocking, so a FIFO without a reader fails at once (ENXIO) instead of hanging; and only a
+        # regular file is appended to (a FIFO with a reader, a device or a directory is refused).
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0),
+                     0o644)
     except OSError as exc:
-        print(f"cancelbench {command}: warning: cannot write {SUMMARY_ENV} {path}: {exc.strerror or exc}",
-              file=sys.stderr)
+        why = "not a regular file" if exc.errno in (errno.ENXIO, errno.ELOOP, errno.EISDIR) else exc.strerror or exc
+        print(f"cancelbench {command}: warning: cannot write {SUMMARY_ENV} {path}: {why}; the job summary was "
+              "not written", file=sys.stderr)
         return None
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            os.set_blocking(fd, True)
+            used = st.st_size
+            room = SUMMARY_LIMIT - used - 2  # the separating newline(s)
+            text = fit_markdown(render, room) if room > 0 else None
+            if text is None:
+                print(f"cancelbench {command}: warning: {SUMMARY_ENV} ({path}) already holds {used} bytes of the "
+                      f"{SUMMARY_LIMIT}-byte job summary limit; the {command} Markdown was not added",
+                      file=sys.stderr)
+                return None
+            fh.write(("\n" if used else "") + text + ("" if text.endswith("\n") else "\n"))
+            fh.flush()
+        except OSError as exc:
+            print(f"cancelbench {command}: warning: cannot write {SUMMARY_ENV} {path}: {exc.strerror or exc}; the "
+                  "job summary was not written", file=sys.stderr)
+            return None
     return str(path)

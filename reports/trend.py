@@ -161,13 +161,24 @@ def natural_key(text: str) -> tuple:
     return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text) if t)
 
 
-def expand_dirs(patterns: list[str]) -> list[str]:
-    """Directories and globs (quoted globs reach us unexpanded), each directory once, in the order given."""
+def expand_dirs(patterns: list[str], warn=None) -> list[str]:
+    """Directories and globs (quoted globs reach us unexpanded), each directory once, in the order given.
+    A glob match that is no sweep dataset (no manifest.json: a stray file, a notes folder) is skipped
+    with a ``warn(line)``; a directory named outright is kept (and refused later if it is no dataset)."""
     out: list[str] = []
     for pat in patterns:
         matches = sorted(glob.glob(pat)) if glob.has_magic(pat) else [pat]
         if not matches:
             raise TrendInputError(f"{pat}: no directory matches")
+        if glob.has_magic(pat):
+            stray = [m for m in matches if not (Path(m) / "manifest.json").is_file()]
+            for m in stray:
+                if warn is not None:
+                    warn(f"{m} (matched by {pat}): not a sweep dataset (no manifest.json); skipped")
+            matches = [m for m in matches if m not in stray]
+            if not matches:
+                raise TrendInputError(f"{pat}: matches no sweep dataset (only {', '.join(stray[:3])}"
+                                      f"{' ...' if len(stray) > 3 else ''})")
         for m in matches:
             if m not in out:
                 out.append(m)
@@ -269,6 +280,9 @@ def _newest_verdict(cell: TrendCell, prev, last, dspec: DiffSpec) -> None:
 def run_trend(dirs: list[str], spec: TrendSpec = TrendSpec(), filters: Filters = Filters()) -> TrendResult:
     sweeps, loaded, repeats = _load_sweeps(dirs, spec, filters)
     sides = [side.cells for side in loaded]
+    if not any(sum(key in side for side in sides) >= 2 for key in set().union(*sides)):
+        raise TrendInputError(f"no cell is in two of the {len(sides)} sweeps (cells match on workload, phase, "
+                              "mechanism, delivery and device class): there is no trend to show")
     mwu, mwu_name = _mwu_impl()
     cells: list[TrendCell] = []
     samples: dict[tuple, list] = {}

@@ -64,7 +64,7 @@ def trend_section(result: TrendResult) -> Section:
     note = (f"per sweep: p50 and {pl} with 95% bootstrap intervals ({spec.n_boot} replicates, seed {spec.seed}; "
             f"p50 where n >= {stats.min_samples(0.5, spec.confidence)}, {pl} where n >= "
             f"{stats.min_samples(spec.percentile, spec.confidence)}); change vs the previous "
-            f"sweep: two-sided Mann-Whitney U on the raw latencies ({result.mwu}), Holm-corrected over "
+            f"sweep: two-sided Mann-Whitney U on the raw latencies by {result.mwu}, Holm-corrected over "
             f"{result.n_tests} tests, alpha {spec.alpha:g}; flagged when significant and the p50 moved by more "
             f"than x{1 + spec.rel_threshold:.3g} either way")
     hidden = len(result.cells) - len(shown)
@@ -202,7 +202,7 @@ def trend_to_html(result: TrendResult) -> str:
 
 # ------------------------------------------------------------------------ cli --
 def add_trend_parser(subparsers) -> argparse.ArgumentParser:
-    from .cli import _add_bootstrap, _add_common, _fraction, _percent, _positive
+    from .cli import _add_bootstrap, _add_common, _positive, fraction, percentile
 
     p = subparsers.add_parser(
         "trend", help="one cell's latency across many sweeps (ordered by build, version, date or a column)",
@@ -217,9 +217,9 @@ def add_trend_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--markdown", metavar="PATH", help="also write the Markdown here")
     p.add_argument("--json", metavar="PATH", help="also write the JSON here")
     p.add_argument("--html", metavar="PATH", help="also write the HTML page (one plot per cell) here")
-    p.add_argument("--percentile", type=_percent, default=0.99, metavar="PCT",
+    p.add_argument("--percentile", type=percentile, default=0.99, metavar="PCT",
                    help="the bound percentile shown beside the p50 (default 99)")
-    p.add_argument("--alpha", type=_fraction, default=0.05, help="family-wise alpha, Holm-corrected (default 0.05)")
+    p.add_argument("--alpha", type=fraction, default=0.05, metavar="A", help="family-wise alpha, Holm-corrected (default 0.05)")
     p.add_argument("--threshold", type=_positive, default=0.10, metavar="FRACTION",
                    help="p50 change that counts when significant, as a fraction of the smaller side, either "
                         "way (default 0.10: x1.1 up or down)")
@@ -229,22 +229,28 @@ def add_trend_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+TREND_FILES = ("markdown", "json", "html")
+
+
 def run_trend_cmd(args: argparse.Namespace) -> int:
-    from .cli import _bootstrap, _bound_spec, _fail, _filters, _write
+    from cancelbench.outputs import check_outputs
+
+    from .cli import _bootstrap, _bound_spec, _fail, _filters, check_bound_targets, output_options, write_renders
     from .github import append_step_summary
+    from .trend import expand_dirs
 
     try:
+        dirs = expand_dirs(args.dirs, warn=lambda line: print(f"cancelbench trend: warning: {line}", file=sys.stderr))
+        outputs = check_outputs(output_options(args, TREND_FILES), inputs=dirs)
         spec = TrendSpec(by=args.by, percentile=args.percentile, alpha=args.alpha, rel_threshold=args.threshold,
                          confidence=args.confidence, n_boot=_bootstrap(args), seed=args.seed, bound=_bound_spec(args))
-        result = run_trend(args.dirs, spec, _filters(args))
+        result = run_trend(dirs, spec, _filters(args))
+        check_bound_targets(spec.bound, result.cells)
         renders = {"terminal": trend_to_terminal, "markdown": trend_to_markdown, "json": trend_to_json,
                    "html": trend_to_html}
-        for path, form in ((args.markdown, "markdown"), (args.json, "json"), (args.html, "html")):
-            if path:
-                _write(path, renders[form](result))
+        write_renders(outputs, lambda form: renders[form](result))
         sys.stdout.write(renders[args.format](result))
         append_step_summary(lambda limit: trend_to_markdown(result, limit), "trend")
     except (DatasetError, ValueError, OSError) as exc:
         return _fail("trend", exc)
     return result.exit_code
-
