@@ -2,15 +2,16 @@
 time spent waiting runnable for a CPU, involuntary context switches of the engine
 process's threads, and the host's noise facts over the same window (stdlib only).
 
-Linux reads ``/proc/<pid>/task/<tid>/schedstat`` (ns on a CPU, ns waiting on a
-runqueue, timeslices: the scheduler's own per-thread clocks, kernel CONFIG_SCHED_INFO)
-and ``.../status`` (``nonvoluntary_ctxt_switches``) for every thread of the engine's
-process (in-process engines: the agent's own process; external ones: the engine's),
+Linux reads the engine process's CPU clock (every thread, up to date) and, for each of
+its threads, ``/proc/<pid>/task/<tid>/schedstat`` (ns on a CPU, ns waiting on a runqueue,
+timeslices: the scheduler's own per-thread clocks, kernel CONFIG_SCHED_INFO) and
+``.../status`` (``nonvoluntary_ctxt_switches``) (in-process engines: the agent's own
+process; external ones: the engine's),
 ``/proc/loadavg`` (load, runnable tasks), ``/proc/stat`` (steal) and cpufreq's
 ``scaling_cur_freq``. A :class:`Window` snapshots the threads at the receipt
 (:meth:`Window.at_receipt`, right after the cancel was set, so it never delays it) and
-at the terminal state, and diffs them. Threads that exit inside the window are missed
-(llama.cpp's CPU threads are OpenMP's, alive across calls). Elsewhere (macOS) nothing
+at the terminal state, and diffs them. The wait and switches of threads that exit inside
+the window are missed (llama.cpp's CPU threads are OpenMP's, alive across calls). Elsewhere (macOS) nothing
 is read: the columns are null and ``cpu_account_source`` says why.
 """
 
@@ -76,6 +77,7 @@ def _read(path: str) -> str:
 
 @dataclass(frozen=True)
 class Snapshot:
+    cpu_ns: int  # the process CPU clock: all threads, the exited ones too
     threads: dict[int, tuple[int, int, int]]  # tid -> (ns on CPU, ns waiting runnable, involuntary switches)
     load_1m: float
     procs_running: int
@@ -84,11 +86,14 @@ class Snapshot:
 
 class ThreadFiles:
     """The schedstat and status files of one process's threads, opened once and kept open
-    across trials: a snapshot is a pread of each (opening /proc files costs 5x more)."""
+    across trials: a snapshot is a pread of each schedstat (opening /proc files costs 5x more).
+    A thread's status (10x a schedstat's cost) is read again only if it ran since it was last
+    read: an involuntary switch preempts a running thread, so one that did not run has none."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self._fds: dict[int, tuple[int, int]] = {}
+        self._last: dict[int, tuple[int, int, int]] = {}  # tid -> its values at the last read
         self._lock = threading.Lock()
 
     def _open(self, tid: int) -> tuple[int, int] | None:
@@ -104,6 +109,7 @@ class ThreadFiles:
             return None
 
     def _drop(self, tid: int) -> None:
+        self._last.pop(tid, None)
         for fd in self._fds.pop(tid, ()):
             os.close(fd)
 
@@ -115,8 +121,13 @@ class ThreadFiles:
             self._fds[tid] = fds
             try:
                 run, wait, _ = parse_schedstat(os.pread(fds[0], 256, 0).decode("ascii"))
-                switches = parse_nonvoluntary(os.pread(fds[1], 4096, 0).decode("ascii", "replace"))
-                return run, wait, switches or 0
+                last = self._last.get(tid)
+                if last is not None and last[0] == run:  # it has not run since: its switches are the same
+                    switches = last[2]
+                else:
+                    switches = parse_nonvoluntary(os.pread(fds[1], 4096, 0).decode("ascii", "replace")) or 0
+                self._last[tid] = (run, wait, switches)
+                return self._last[tid]
             except (OSError, ValueError):
                 self._drop(tid)
         return None
@@ -158,20 +169,29 @@ def read_threads(pid: int) -> dict[int, tuple[int, int, int]]:
     return files_of(pid).read()
 
 
+def process_cpu_ns(pid: int) -> int:
+    """CPU time of all of ``pid``'s threads, the exited ones included, brought up to date (its
+    process CPU clock, clock_getcpuclockid(3); Linux encodes it as below). A schedstat's figure
+    of a thread running now lags to its last scheduler tick; this one does not."""
+    return time.clock_gettime_ns(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the process (kernel posix-timers.h)
+
+
 def snapshot(pid: int) -> Snapshot:
     load, running = parse_loadavg(_read("/proc/loadavg"))
-    return Snapshot(read_threads(pid), load, running, parse_steal_ticks(_read("/proc/stat")))
+    cpu = process_cpu_ns(pid)
+    return Snapshot(cpu, read_threads(pid), load, running, parse_steal_ticks(_read("/proc/stat")))
 
 
 def diff(before: Snapshot, after: Snapshot) -> dict:
-    """The window's columns: threads alive at its end, counted from zero if they started in it."""
-    run = wait = switches = 0
-    for tid, (r, w, s) in after.threads.items():
-        r0, w0, s0 = before.threads.get(tid, (0, 0, 0))
-        run, wait, switches = run + r - r0, wait + w - w0, switches + s - s0
+    """The window's columns: CPU time from the process clock; run delay and switches of the
+    threads alive at its end, counted from zero if they started in it."""
+    wait = switches = 0
+    for tid, (_, w, s) in after.threads.items():
+        _, w0, s0 = before.threads.get(tid, (0, 0, 0))
+        wait, switches = wait + w - w0, switches + s - s0
     steal = (None if before.steal_ticks is None or after.steal_ticks is None
              else (after.steal_ticks - before.steal_ticks) * _TICK_MS)
-    return {"engine_cpu_ms": run / 1e6, "engine_cpu_wait_ms": wait / 1e6, "engine_involuntary_switches": switches,
+    return {"engine_cpu_ms": (after.cpu_ns - before.cpu_ns) / 1e6, "engine_cpu_wait_ms": wait / 1e6, "engine_involuntary_switches": switches,
             "engine_threads": len(after.threads), "host_loadavg_1m": after.load_1m,
             "host_procs_running": max(before.procs_running, after.procs_running), "host_steal_ms": steal}
 
@@ -253,7 +273,8 @@ class Window:
         try:
             return snapshot(self.pid)
         except OSError as exc:
-            self._why = f"unavailable: engine process {self.pid}: {type(exc).__name__}"
+            gone = not os.path.exists(f"/proc/{self.pid}")
+            self._why = f"unavailable: engine process {self.pid} " + ("gone" if gone else f"unreadable ({exc})")
             return None
 
     def columns(self) -> dict:

@@ -44,16 +44,16 @@ def test_parsers_read_captured_files():
 
 
 def test_diff_counts_new_threads_from_zero_and_keeps_missing_steal_null():
-    before = ca.Snapshot({1: (1_000_000, 500_000, 2), 2: (10, 10, 0), 3: (7, 7, 7)}, 0.5, 3, None)
-    after = ca.Snapshot({1: (4_000_000, 2_500_000, 5), 2: (10, 10, 0), 4: (1_000_000, 0, 1)}, 1.5, 5, 200)
+    before = ca.Snapshot(5_000_000, {1: (1_000_000, 500_000, 2), 2: (10, 10, 0), 3: (7, 7, 7)}, 0.5, 3, None)
+    after = ca.Snapshot(9_500_000, {1: (4_000_000, 2_500_000, 5), 2: (10, 10, 0), 4: (1_000_000, 0, 1)}, 1.5, 5, 200)
     cols = ca.diff(before, after)
-    assert cols["engine_cpu_ms"] == pytest.approx(4.0)  # thread 1: 3 ms; thread 4 (new): 1 ms; 3 exited
-    assert cols["engine_cpu_wait_ms"] == pytest.approx(2.0)
+    assert cols["engine_cpu_ms"] == pytest.approx(4.5)  # the process clock (the exited thread 3's time too)
+    assert cols["engine_cpu_wait_ms"] == pytest.approx(2.0)  # thread 1: 2 ms; 4 (new): 0; 3 exited
     assert cols["engine_involuntary_switches"] == 4
     assert cols["engine_threads"] == 3
     assert cols["host_loadavg_1m"] == 1.5 and cols["host_procs_running"] == 5
     assert cols["host_steal_ms"] is None  # one side without a steal field: unknown, never 0
-    cols = ca.diff(ca.Snapshot({}, 0.1, 9, 100), ca.Snapshot({}, 0.1, 2, 103))
+    cols = ca.diff(ca.Snapshot(0, {}, 0.1, 9, 100), ca.Snapshot(0, {}, 0.1, 2, 103))
     assert cols["host_steal_ms"] == pytest.approx(3 * 1000.0 / os.sysconf("SC_CLK_TCK"))
     assert cols["host_procs_running"] == 9
 
@@ -160,4 +160,29 @@ def test_an_engine_process_gone_is_said_plainly():
     child.kill()
     child.wait()
     w.at_terminal()
-    assert w.columns() == {"cpu_account_source": f"unavailable: engine process {child.pid}: FileNotFoundError"}
+    assert w.columns() == {"cpu_account_source": f"unavailable: engine process {child.pid} gone"}
+
+
+@linux_only
+def test_a_thread_that_did_not_run_is_not_read_again(monkeypatch):
+    """The receipt's cost: a thread's status (10x a schedstat) is read only if it ran since its
+    last read; an idle thread keeps its values, the reading thread's are read afresh."""
+    stop = threading.Event()
+    idle = [threading.Thread(target=stop.wait) for _ in range(8)]
+    for t in idle:
+        t.start()
+    try:
+        files = ca.ThreadFiles(os.getpid())
+        first = files.read()
+        reads = []
+        real = ca.parse_nonvoluntary
+        monkeypatch.setattr(ca, "parse_nonvoluntary", lambda text: reads.append(1) or real(text))
+        second = files.read()
+    finally:
+        stop.set()
+        for t in idle:
+            t.join()
+        files.close()
+    assert threading.get_native_id() in second and len(second) == len(first) >= 9
+    assert len(reads) < len(second)  # the idle threads were not read again
+    assert all(second[t.native_id] == first[t.native_id] for t in idle)
