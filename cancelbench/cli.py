@@ -220,6 +220,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EMPTY_ALLOWED = {"input"}  # sut-check --input "": an empty input is a legitimate conformance case
+
+
+def _empty_option(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The first option given an empty (or blank) text value, if any."""
+    for action in parser._actions:
+        if not action.option_strings or action.dest in EMPTY_ALLOWED:
+            continue
+        value = getattr(args, action.dest, None)
+        if value == action.default:
+            continue
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, str) and not v.strip() for v in values):
+            return action.option_strings[-1]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. A closed stdout or a reader that stops early (``| head``) drops the rest of
     what would be printed; the exit status stays the command's (cancelbench.outputs.guard_stdout)."""
@@ -230,8 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
+        command = args._commands[args.command]
         if extra:  # said by the sub-command's parser: "cancelbench report: error: unrecognized arguments"
-            args._commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+            command.error(f"unrecognized arguments: {' '.join(extra)}")
+        empty = _empty_option(command, args)
+        if empty:  # `--out ""` must not mean the default, nor the current directory
+            command.error(f"argument {empty}: an empty value; give one or leave the option out")
         return int(args.func(args) or 0)
     finally:
         finish_stdout()

@@ -141,7 +141,7 @@ def test_lock_refuses_to_replace_its_own_input_or_a_non_regular_file(tmp_path):
     one_line_exit_2(cancelbench("lock", model, "--out", tmp_path / "." / "small.gguf"), "is the input")
     fifo = _not_regular(tmp_path, "fifo")
     one_line_exit_2(cancelbench("lock", model, "--out", fifo, timeout=60), "FIFO")
-    one_line_exit_2(cancelbench("lock", model, "--out", ""), "empty path")
+    one_line_exit_2(cancelbench("lock", model, "--out", ""), "--out", "empty")
     assert model.read_bytes() == before and stat.S_ISFIFO(os.lstat(fifo).st_mode)
     ok = cancelbench("lock", model, "--out", tmp_path / "lock.json")
     assert ok.returncode == 0, ok.stderr
@@ -171,7 +171,7 @@ def test_sweep_out_into_a_foreign_or_symlinked_directory_is_refused(tmp_path):
     link = tmp_path / "link"
     link.symlink_to(target)
     one_line_exit_2(cancelbench("sweep", "--out", link), "symbolic link")
-    one_line_exit_2(cancelbench("sweep", "--out", ""), "empty path")
+    one_line_exit_2(cancelbench("sweep", "--out", ""), "--out", "empty", prefix="cancelbench sweep: error:")
     assert sorted(p.name for p in foreign.iterdir()) == ["holiday.jpg"]
     assert (stale / "report.html").read_text() == "<p>someone's page</p>" and list(target.iterdir()) == []
 
@@ -272,7 +272,15 @@ def test_names_with_colon_equals_and_star_are_addressable(tmp_path):
 
 
 def test_empty_paths_and_misplaced_ray_options_are_refused(tmp_path, ds):
-    one_line_exit_2(cancelbench("report", ds, "--markdown", ""), "--markdown", "empty path")
+    one_line_exit_2(cancelbench("report", ds, "--markdown", ""), "--markdown", "empty")
+    one_line_exit_2(cancelbench("report", ds, "--json", " "), "--json", "empty")
+    one_line_exit_2(cancelbench("report", ds, "--engine", "ray", "--ray-address", ""), "--ray-address", "empty")
+    one_line_exit_2(cancelbench("diff", ds, ds, "--workload", ""), "--workload", "empty")
+    one_line_exit_2(cancelbench("sweep", "--address", "", "--out", tmp_path / "s"), "--address", "empty")
+    before = sorted(os.listdir(tmp_path))
+    one_line_exit_2(cancelbench("fixtures", "--out", "", "--which", "text"), "--out", "empty",
+                    prefix="cancelbench fixtures: error:")
+    assert sorted(os.listdir(tmp_path)) == before
     one_line_exit_2(cancelbench("report", ds, "--ray-address", "127.0.0.1:6379"), "--engine ray")
     start = time.monotonic()
     r = cancelbench("report", ds, "--engine", "ray", "--ray-address", "ray://10.0.0.1:10001", timeout=60)
