@@ -46,6 +46,20 @@ def _warn_threads(config, address: str | None) -> None:
         print(f"cancelbench: warning: {line}", file=sys.stderr)
 
 
+def _interrupted(exc: KeyboardInterrupt, out: Path) -> int:
+    """A sweep stopped by a signal: one line saying what is kept; the signal's exit code."""
+    from cancelbench import signals
+
+    _stop_ray()
+    name = exc.name if isinstance(exc, signals.Interrupted) else "SIGINT"
+    if (out / "manifest.json").is_file():
+        print(f"cancelbench: interrupted by {name}; records written so far are kept, the manifest says "
+              f"\"interrupted\" (continue with --resume --out {out})", file=sys.stderr)
+    else:
+        print(f"cancelbench: interrupted by {name} before any trial ran; nothing was written", file=sys.stderr)
+    return exc.exit_code if isinstance(exc, signals.Interrupted) else 130
+
+
 def cmd_sweep(args) -> int:
     from cancelbench.datasets.locks import LockError
 
@@ -78,15 +92,7 @@ def cmd_sweep(args) -> int:
         return _fail(f"no space left on the device ({exc.filename or out}); free space, then run the same command "
                      "again (with --resume if the sweep had started)", EXIT_FAILURES)
     except KeyboardInterrupt as exc:
-        _stop_ray()
-        name = exc.name if isinstance(exc, signals.Interrupted) else "SIGINT"
-        code = exc.exit_code if isinstance(exc, signals.Interrupted) else 130
-        if (out / "manifest.json").is_file():
-            print(f"cancelbench: interrupted by {name}; records written so far are kept, the manifest says "
-                  f"\"interrupted\" (continue with --resume --out {out})", file=sys.stderr)
-        else:
-            print(f"cancelbench: interrupted by {name} before any trial ran; nothing was written", file=sys.stderr)
-        return code
+        return _interrupted(exc, out)
     for line in result.stopped:  # a device whose reference runs all failed (exit 1)
         print(f"cancelbench: error: {line}", file=sys.stderr)
     print(f"sweep {result.sweep_id}: {result.written} trials written to {result.out_dir} "
