@@ -177,9 +177,11 @@ def process_cpu_ns(pid: int) -> int:
 
 
 def snapshot(pid: int) -> Snapshot:
-    load, running = parse_loadavg(_read("/proc/loadavg"))
+    """The process clock first (the figure nearest the receipt), then its threads, then the host."""
     cpu = process_cpu_ns(pid)
-    return Snapshot(cpu, read_threads(pid), load, running, parse_steal_ticks(_read("/proc/stat")))
+    threads = read_threads(pid)
+    load, running = parse_loadavg(_read("/proc/loadavg"))
+    return Snapshot(cpu, threads, load, running, parse_steal_ticks(_read("/proc/stat")))
 
 
 def diff(before: Snapshot, after: Snapshot) -> dict:
@@ -191,8 +193,8 @@ def diff(before: Snapshot, after: Snapshot) -> dict:
         wait, switches = wait + w - w0, switches + s - s0
     steal = (None if before.steal_ticks is None or after.steal_ticks is None
              else (after.steal_ticks - before.steal_ticks) * _TICK_MS)
-    return {"engine_cpu_ms": (after.cpu_ns - before.cpu_ns) / 1e6, "engine_cpu_wait_ms": wait / 1e6, "engine_involuntary_switches": switches,
-            "engine_threads": len(after.threads), "host_loadavg_1m": after.load_1m,
+    return {"engine_cpu_ms": (after.cpu_ns - before.cpu_ns) / 1e6, "engine_cpu_wait_ms": wait / 1e6,
+            "engine_involuntary_switches": switches, "engine_threads": len(after.threads), "host_loadavg_1m": after.load_1m,
             "host_procs_running": max(before.procs_running, after.procs_running), "host_steal_ms": steal}
 
 
