@@ -29,7 +29,7 @@ PLOT_COLUMNS = list(dict.fromkeys([*PLOT_SOURCE_COLUMNS, *REFERENCE_COLUMNS]))
 
 def defects_of(scan: Scan) -> pd.DataFrame:
     """Dropped/lost trials of any kind and the invalid records of one scan."""
-    raw = scan.rows(kinds=None, outcomes=DEFECT_OUTCOMES).select(DEFECT_COLUMNS).to_pandas()
+    raw = scan.rows(kinds=None, outcomes=DEFECT_OUTCOMES, columns=DEFECT_COLUMNS).to_pandas()
     if len(scan.invalid):
         raw = pd.concat([raw, scan.invalid.reindex(columns=DEFECT_COLUMNS)], ignore_index=True)
     return defects_table(raw)
@@ -58,25 +58,25 @@ def build_report(dirs: list[str | Path], spec: ReportSpec = ReportSpec(), filter
     # pandas: one scan for everything; Ray: this scan for all but the cells, which Ray reads
     columns = [*(TABLE_COLUMNS if engine == "pandas" else []), *SIDE_COLUMNS, *(PLOT_COLUMNS if with_samples else [])]
     scan = read_once(dirs, list(dict.fromkeys(columns)), filters)
-    records = records_of(scan, filters)
-    require_rows(records, scan.dirs, len(scan.invalid))  # none: an error (before Ray starts)
+    rows = lambda cols: records_of(scan, filters, cols)  # noqa: E731 (the cell rows, only these columns)
+    require_rows(rows(["trial_id"]), scan.dirs, len(scan.invalid))  # none: an error (before Ray starts)
     if engine == "ray":
         from .raydata import build_report_ray
 
         report = build_report_ray(scan, spec, filters, address=address)
     else:
-        frame = frame_of(records, scan.dirs, len(scan.invalid))
+        frame = frame_of(rows(TABLE_COLUMNS), scan.dirs, len(scan.invalid))
         report = Report(
             spec=spec, dirs=scan.dirs, cells=aggregate_cells(frame, spec),
             pooled=aggregate_cells(frame, spec, pool_phases=True), hops=aggregate_hops(frame),
             devices=device_infos(frame), defects=pd.DataFrame(), n_records=len(frame))
         del frame
     report.defects = defects_of(scan)
-    report.simulated = simulated_of(records)
-    report.targeting = targeting_of(records)
+    report.simulated = simulated_of(rows(["engine"]))
+    report.targeting = targeting_of(rows(TARGETING_COLUMNS))
     report.repeats = scan.repeats
     if with_samples:
-        report.samples = samples_of(records)
+        report.samples = samples_of(rows(PLOT_SOURCE_COLUMNS))
         report.references = references_of(scan)
     attach_builds(report, builds_of(scan.table))
     return report

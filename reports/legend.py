@@ -15,27 +15,22 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .load import Filters, read_once
+from .load import BUILD_COLUMNS, Filters, read_once  # noqa: F401 (BUILD_COLUMNS: re-exported)
 
-BUILD_COLUMNS = ("llama_cpp_python_version", "llama_cpp_build", "llama_cpp_commit", "ggml_version", "ggml_backends",
-                 "gpu_driver_version", "os_release", "kernel_version", "cancelbench_version",
-                 "cancelbench_git_describe")
 
 
 def distinct_builds(table: pa.Table, key_columns: list[str]) -> dict[tuple, dict[str, str]]:
-    """(key values) -> {build column: value(s)} of the rows of ``table``."""
+    """(key values) -> {build column: value(s)} of the rows of ``table`` (grouped first: the
+    distinct combinations are few however many rows there are)."""
     cols = [c for c in BUILD_COLUMNS if c in table.column_names]
-    table = table.select(key_columns + cols)
-    for name in table.column_names:
-        table = table.set_column(table.schema.get_field_index(name), name,
-                                 pc.fill_null(table.column(name).cast(pa.string()), ""))
-    rows = table.group_by(key_columns + cols).aggregate([]).to_pylist()
+    rows = table.select(key_columns + cols).group_by(key_columns + cols).aggregate([]).to_pylist()
     out: dict[tuple, dict[str, list[str]]] = {}
     for r in rows:
-        facts = out.setdefault(tuple(r[k] for k in key_columns), {})
+        facts = out.setdefault(tuple("" if r[k] is None else str(r[k]) for k in key_columns), {})
         for c in cols:
-            if r[c] and r[c] not in facts.setdefault(c, []):
-                facts[c].append(r[c])
+            value = "" if r[c] is None else str(r[c])
+            if value and value not in facts.setdefault(c, []):
+                facts[c].append(value)
     return {k: {c: " | ".join(sorted(v)) for c, v in facts.items() if v} for k, facts in out.items()}
 
 

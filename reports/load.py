@@ -26,8 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from cancelbench.schema import DEFECT_OUTCOMES  # noqa: F401 (re-exported for the reports)
-from cancelbench.schema import RECORD_SCHEMA
-from cancelbench.sink import DatasetError, read_manifest, read_table, record_files
+from cancelbench.schema import RECORD_SCHEMA, SETTINGS_COLUMNS
+from cancelbench.sink import DatasetError, partitioning, read_manifest, read_table, record_files, records_dir
 
 from .tables import HOPS, INVALID
 
@@ -39,6 +39,13 @@ VALUE_COLUMNS = ["trial_id", "sweep_id", "outcome", "latency_ms", "cost_ratio"]
 HOP_COLUMNS = ["end_to_end_ms", *HOPS]
 
 TABLE_COLUMNS = sorted(set(KEY_SOURCE_COLUMNS + DEVICE_COLUMNS + VALUE_COLUMNS + HOP_COLUMNS))
+# What the agent loaded and ran on, per device (the legend's build facts; ``legend.py``).
+BUILD_COLUMNS = ("llama_cpp_python_version", "llama_cpp_build", "llama_cpp_commit", "ggml_version", "ggml_backends",
+                 "gpu_driver_version", "os_release", "kernel_version", "cancelbench_version",
+                 "cancelbench_git_describe")
+# Read as dictionaries (``read_dataset``): the build facts and the string settings but the cell keys.
+DICTIONARY_COLUMNS = frozenset([*BUILD_COLUMNS, *(c for c in SETTINGS_COLUMNS if c not in ("workload", "engine")
+                                                  and pa.types.is_string(RECORD_SCHEMA.field(c).type))])
 DATASET = "__dataset"  # the position of a row's dataset among the distinct datasets (added by read_once)
 
 
@@ -113,6 +120,29 @@ def distinct_datasets(dirs: list[str | Path]) -> tuple[list[Path], list[str]]:
     return list(kept.values()), notes
 
 
+def read_dataset(path: Path, columns: list[str], filter: ds.Expression | None = None, tries: int = 5) -> pa.Table:
+    """The one reader of records for reports: ``columns`` of the rows ``filter`` keeps. Build facts
+    and string settings (a handful of distinct values, stored dictionary-encoded) come back as
+    dictionaries: a million rows of them are small and cheap to read (their consumers group
+    them or cast them to text). A file that vanished between the listing and the read (a
+    compaction finishing in another process) means: list again and reread."""
+    as_dict = [c for c in columns if c in DICTIONARY_COLUMNS]
+    if not as_dict:
+        return read_table(path, columns=columns, filter=filter)
+    schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type)) if f.name in as_dict else f
+                        for f in RECORD_SCHEMA], metadata=RECORD_SCHEMA.metadata)
+    fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=as_dict))
+    for attempt in range(tries):
+        try:
+            files = [str(f) for f in record_files(path)]
+            return ds.dataset(files, schema=schema, format=fmt, partitioning=partitioning(),
+                              partition_base_dir=str(records_dir(path))).to_table(columns=columns, filter=filter)
+        except FileNotFoundError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def scan_table(dirs: list[str | Path], columns: list[str], filters: Filters = Filters()) -> pa.Table:
     """Concatenate the selected columns of the filtered rows of every dataset (each once),
     with the dataset's position in ``DATASET``."""
@@ -120,11 +150,12 @@ def scan_table(dirs: list[str | Path], columns: list[str], filters: Filters = Fi
     tables = []
     for i, path in enumerate(distinct_datasets(dirs)[0]):
         try:
-            t = read_table(path, columns=columns, filter=expr)
+            t = read_dataset(path, columns, expr)
         except (pa.ArrowInvalid, OSError) as exc:  # corrupt or foreign parquet files
             raise DatasetError(f"unreadable records: {exc}") from exc
         tables.append(t.append_column(DATASET, pa.array(np.full(t.num_rows, i, dtype=np.int32))))
-    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    return table.unify_dictionaries()  # one dictionary per column: Arrow groups by them
 
 
 # ------------------------------------------------------------ invalid records --
@@ -208,16 +239,24 @@ class Scan:
     repeats: list[str]  # "B is A (sweep S): counted once"
     excluded: dict[int, set[str]] = field(default_factory=dict)  # dataset position -> duplicated trial ids
 
-    def rows(self, kinds: tuple[str, ...] | None = ("cancel",), outcomes: tuple[str, ...] | None = None,
-             valid_latency: bool = False) -> pa.Table:
-        t = self.table
-        mask = None
+    def mask(self, kinds: tuple[str, ...] | None = ("cancel",), outcomes: tuple[str, ...] | None = None,
+             valid_latency: bool = False) -> pa.ChunkedArray | None:
+        """Which rows have one of ``kinds`` and ``outcomes`` (None: any), and a usable latency
+        when asked; None: every row."""
+        t, mask = self.table, None
         for name, values in (("trial_kind", kinds), ("outcome", outcomes)):
             if values is not None:
                 term = pc.fill_null(pc.is_in(_str(t, name), pa.array(list(values))), False)
                 mask = term if mask is None else pc.and_(mask, term)
         if valid_latency:
             mask = latency_valid(t) if mask is None else pc.and_(mask, latency_valid(t))
+        return mask
+
+    def rows(self, kinds: tuple[str, ...] | None = ("cancel",), outcomes: tuple[str, ...] | None = None,
+             valid_latency: bool = False, columns: list[str] | None = None) -> pa.Table:
+        """Those rows, only ``columns`` of them when given (selected before the filter copies them)."""
+        mask = self.mask(kinds, outcomes, valid_latency)
+        t = self.table if columns is None else self.table.select([c for c in columns if c in self.table.column_names])
         return t if mask is None else t.filter(mask)
 
 
@@ -237,9 +276,10 @@ def read_once(dirs: list[str | Path], columns: list[str], filters: Filters = Fil
     return Scan(table, invalid, [str(d) for d in distinct], repeats, excluded)
 
 
-def records_of(scan: Scan, filters: Filters = Filters()) -> pa.Table:
-    """The cancel rows a report's cells aggregate (``filters.trial_kinds``, default cancel)."""
-    return scan.rows(filters.trial_kinds, filters.outcomes)
+def records_of(scan: Scan, filters: Filters = Filters(), columns: list[str] | None = None) -> pa.Table:
+    """The cancel rows a report's cells aggregate (``filters.trial_kinds``, default cancel): their
+    ``columns`` (default all read)."""
+    return scan.rows(filters.trial_kinds, filters.outcomes, columns=columns)
 
 
 def require_rows(table: pa.Table, dirs: list[str], invalid: int = 0) -> None:
@@ -267,9 +307,9 @@ def load_frame(dirs: list[str | Path], columns: list[str] | None = None, filters
     latency samples from the same scan (``Loaded.samples``)."""
     cols = list(columns or TABLE_COLUMNS) + (PLOT_SOURCE_COLUMNS if with_samples else [])
     scan = read_once(dirs, cols, filters, kinds=filters.trial_kinds or ("cancel", "reference"))
-    table = records_of(scan, filters)
-    samples = samples_of(table) if with_samples else None
-    return Loaded(frame=frame_of(table, scan.dirs, len(scan.invalid)), dirs=scan.dirs, samples=samples)
+    samples = samples_of(records_of(scan, filters, PLOT_SOURCE_COLUMNS)) if with_samples else None
+    frame = frame_of(records_of(scan, filters, TABLE_COLUMNS), scan.dirs, len(scan.invalid))
+    return Loaded(frame=frame, dirs=scan.dirs, samples=samples)
 
 
 def samples_of(table: pa.Table) -> pd.DataFrame:
@@ -277,8 +317,8 @@ def samples_of(table: pa.Table) -> pd.DataFrame:
     from .plots import samples_frame
     from .tables import prepare_table
 
-    t = table.filter(latency_valid(table)).select([c for c in PLOT_SOURCE_COLUMNS if c in table.column_names])
-    return samples_frame(prepare_table(t, dictionary=False))
+    t = table.select([c for c in PLOT_SOURCE_COLUMNS if c in table.column_names])
+    return samples_frame(prepare_table(t.filter(latency_valid(t)), dictionary=False))
 
 
 def references_of(scan: Scan) -> pd.DataFrame:
@@ -286,7 +326,7 @@ def references_of(scan: Scan) -> pd.DataFrame:
     behind the offset plot and the phase durations of the uninterruptible-share bars."""
     from .tables import prepare_table
 
-    t = scan.rows(("reference",), ("completed",)).select(REFERENCE_COLUMNS)
+    t = scan.rows(("reference",), ("completed",), columns=REFERENCE_COLUMNS)
     return prepare_table(t, dictionary=False).to_pandas()
 
 
@@ -309,7 +349,7 @@ REFERENCE_COLUMNS = ["workload", "phase_at_receipt", "mechanism", "host", "backe
 def load_plot_samples(dirs: list[str | Path], filters: Filters = Filters()) -> pd.DataFrame:
     """Latency samples for the HTML plots (one narrow scan of cancelled trials)."""
     scan = read_once(dirs, PLOT_SOURCE_COLUMNS, filters, kinds=("cancel",))
-    return samples_of(scan.rows(("cancel",), ("cancelled",)))
+    return samples_of(scan.rows(("cancel",), ("cancelled",), columns=PLOT_SOURCE_COLUMNS))
 
 
 def load_references(dirs: list[str | Path], filters: Filters = Filters()) -> pd.DataFrame:

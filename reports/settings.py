@@ -12,7 +12,6 @@ cost one hash grouping, not a Python loop over rows."""
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from cancelbench.schema import SETTINGS_COLUMNS
 from cancelbench.sink import DatasetError
@@ -37,13 +36,10 @@ def settings_by_cell(table: pa.Table, class_map: dict[str, str]) -> SettingsByCe
     non-null values its cancel trials (the rows of ``table``) carried, as text."""
     keys = CELL_COLUMNS + CLASS_COLUMNS
     cols = [c for c in COLUMNS if c in table.column_names and table.column(c).null_count < table.num_rows]
-    sub = table.select(keys + cols)
-    for name in keys:  # labelled as the cells label them (tables.prepare_table)
-        sub = sub.set_column(sub.schema.get_field_index(name), name,
-                             pc.fill_null(sub.column(name).cast(pa.string()), NONE_LABEL))
-    distinct = sub.group_by(keys + cols).aggregate([]).to_pylist()  # a few rows per cell
+    distinct = table.select(keys + cols).group_by(keys + cols).aggregate([]).to_pylist()  # a few rows per cell
     out: dict[tuple, dict[str, set]] = {}
     for row in distinct:
+        row.update({k: NONE_LABEL if row[k] is None else str(row[k]) for k in keys})  # as tables.prepare_table
         cls = device_class_key(*(row[c] for c in CLASS_COLUMNS))
         cell = out.setdefault((*(row[c] for c in CELL_COLUMNS), class_map.get(cls, cls)), {c: set() for c in COLUMNS})
         for c in cols:

@@ -287,13 +287,13 @@ def test_only_needed_columns_are_read(known, monkeypatch):
     import cancelbench.reports.load as load
 
     seen = []
-    real = load.read_table
+    real = load.read_dataset
 
     def spy(path, columns=None, filter=None):
         seen.append((tuple(columns), filter))
-        return real(path, columns=columns, filter=filter)
+        return real(path, columns, filter)
 
-    monkeypatch.setattr(load, "read_table", spy)
+    monkeypatch.setattr(load, "read_dataset", spy)
     build_report([known])
     assert seen and all(cols is not None and "phase_durations_json" not in cols and "model_sha256" not in cols
                         for cols, _ in seen)
