@@ -263,7 +263,7 @@ class Scan:
 def read_once(dirs: list[str | Path], columns: list[str], filters: Filters = Filters(),
               kinds: tuple[str, ...] = ("cancel", "reference")) -> Scan:
     """One scan per dataset (each dataset once) of ``columns`` plus what the invalid-record
-    check needs, over the trial ``kinds`` (and rows without a kind) under ``filters``'
+    check needs, over the trial ``kinds`` under ``filters``'
     workload/backend/host selection."""
     distinct, repeats = distinct_datasets(dirs)
     need = ["trial_id", "trial_kind", "outcome", "latency_ms", "sweep_id"]
