@@ -290,7 +290,8 @@ DIFF_FILES = ("markdown", "json", "html", "junit")
 
 
 def run_diff_cmd(args: argparse.Namespace) -> int:
-    from .diff import DiffSpec, diff_to_json, diff_to_markdown, diff_to_terminal, parse_class_map, run_diff
+    from .diff import DiffSpec, parse_class_map, run_diff
+    from .diff_render import diff_to_json, diff_to_markdown, diff_to_terminal
 
     try:
         outputs = check_outputs(output_options(args, DIFF_FILES), inputs=[args.baseline, args.candidate])

@@ -165,7 +165,7 @@ def to_html(report: Report, samples: pd.DataFrame, refs: pd.DataFrame | None = N
 
 def diff_to_html(result) -> str:
     """The diff page: verdict, the cell table, then baseline vs candidate ECDFs of every changed cell."""
-    from .diff import class_notes, diff_headline, diff_section
+    from .diff_render import class_notes, diff_headline, diff_section
 
     body = [
         "<h1>cancelbench diff</h1>",

@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report_fixtures import cancel_row, cell_rows, write_dataset  # noqa: E402
 
 from cancelbench.reports.cli import main as reports_main  # noqa: E402
-from cancelbench.reports.diff import DiffInputError, DiffSpec, diff_to_markdown, run_diff  # noqa: E402
+from cancelbench.reports.diff import DiffInputError, DiffSpec, run_diff  # noqa: E402
+from cancelbench.reports.diff_render import diff_to_markdown  # noqa: E402
 from cancelbench.schema import SCHEMA_VERSION  # noqa: E402
 
 METAL = "darwin/arm64/metal/Apple M2"

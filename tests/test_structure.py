@@ -85,3 +85,17 @@ def test_the_checker_sees_a_cycle():
 
 def test_no_import_cycle_among_product_modules():
     assert cycles(import_graph()) == []
+
+
+def test_no_product_module_over_400_lines_or_function_over_60():
+    """The structure limits: a module or function that outgrows them is split by concern."""
+    long_modules, long_functions = [], []
+    for path in modules().values():
+        src = path.read_text()
+        rel = path.relative_to(ROOT)
+        if src.count("\n") > 400:
+            long_modules.append(f"{rel} ({src.count(chr(10))})")
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long_functions.append(f"{rel}:{node.name} ({node.end_lineno - node.lineno + 1})")
+    assert long_modules == [] and long_functions == []
