@@ -4,19 +4,16 @@ sweep config (config.py), its workloads (workloads.py) and offsets (offsets.py).
 
 from __future__ import annotations
 
+from cancelbench.inputs import expect_int
+
 
 class ConfigError(ValueError):
     """Invalid sweep configuration."""
 
 
 def check_int(value, where: str, minimum: int | None = None, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{where} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{where} must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(f"{where} must be <= {maximum}, got {value}")
-    return value
+    """An integer within bounds (inputs.expect_int, said as a ConfigError)."""
+    return expect_int(value, where, minimum, maximum, ConfigError)
 
 
 def check_number(value, where: str, minimum: float, maximum: float) -> float:

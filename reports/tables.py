@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from cancelbench.schema import DEFECT_OUTCOMES
 
 from . import stats
+from .bounds import BoundSpec, parse_bound_for  # noqa: F401  (re-exported)
 
 NONE_LABEL = "(none)"
 ALL_PHASES = "*"  # the phase of a pooled cell (every phase at receipt together)
@@ -36,39 +37,6 @@ INVALID = "invalid"  # the defect outcome of a record that cannot be trusted (lo
 
 
 # ----------------------------------------------------------------- bounds --
-@dataclass(frozen=True)
-class BoundSpec:
-    """Latency bound in ms, with overrides per workload and/or phase.
-
-    Override keys are ``(workload, phase)`` with ``None`` as a wildcard; the
-    most specific match wins: (w, p) > (w, *) > (*, p) > default."""
-
-    default_ms: float = 50.0
-    overrides: tuple[tuple[str | None, str | None, float], ...] = ()
-
-    def for_cell(self, workload: str, phase: str) -> float:
-        table = {(w, p): ms for w, p, ms in self.overrides}
-        for key in ((workload, phase), (workload, None), (None, phase)):
-            if key in table:
-                return table[key]
-        return self.default_ms
-
-    @staticmethod
-    def parse_override(text: str) -> tuple[str | None, str | None, float]:
-        """``WORKLOAD=MS``, ``WORKLOAD:PHASE=MS`` or ``*:PHASE=MS``."""
-        target, sep, ms = text.rpartition("=")
-        if not sep or not target:
-            raise ValueError(f"bad bound override {text!r}: expected WORKLOAD[:PHASE]=MS")
-        try:
-            value = float(ms)
-        except ValueError:
-            raise ValueError(f"bad bound override {text!r}: {ms!r} is not a number") from None
-        if not 0 < value < float("inf"):
-            raise ValueError(f"bad bound override {text!r}: bound must be a finite number > 0")
-        workload, _, phase = target.partition(":")
-        return (None if workload in ("", "*") else workload, (phase or None) if phase != "*" else None, value)
-
-
 @dataclass(frozen=True)
 class ReportSpec:
     bound: BoundSpec = BoundSpec()
