@@ -65,24 +65,25 @@ def _run_steps(steps: list[dict], env: dict) -> list[tuple[str, int, str, str]]:
 def test_the_recipe_runs_here(tmp_path):
     job = workflow()["jobs"]["cancel-latency"]
     summary = tmp_path / "summary.md"
-    env = {**os.environ, "RESULTS": str(tmp_path / "run1"), "BASELINE": str(tmp_path / "var" / "baseline"),
+    env = {**os.environ, "RESULTS": str(tmp_path / "run1"), "REPORTS": str(tmp_path / "rep1"),
+           "BASELINE": str(tmp_path / "var" / "baseline"),
            "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_REF": "refs/heads/main", "RAY_AUTH_MODE": "token"}
     first = {name: (rc, out, err) for name, rc, out, err in _run_steps(job["steps"], env)}
     assert first["Sweep"][0] == 0, first["Sweep"][2][-2000:]
     rc, out, err = first["Report (annotations, JUnit, HTML; job summary)"]
     assert rc == 0, err[-2000:]
     assert all(line.startswith("::") for line in out.splitlines()) and out  # annotations only
-    assert (tmp_path / "run1" / "report-junit.xml").is_file() and (tmp_path / "run1" / "report.html").is_file()
+    assert (tmp_path / "rep1" / "report-junit.xml").is_file() and (tmp_path / "rep1" / "report.html").is_file()
     rc, out, _ = first["Gate on diff against the baseline"]
     assert rc == 0 and out.startswith("::notice title=cancelbench::no baseline")
     assert (tmp_path / "var" / "baseline" / "manifest.json").is_file()  # kept: this was main
     # a second run (a pull request): the diff gate compares it with the baseline
-    env.update(RESULTS=str(tmp_path / "run2"), GITHUB_REF="refs/pull/1/merge")
+    env.update(RESULTS=str(tmp_path / "run2"), REPORTS=str(tmp_path / "rep2"), GITHUB_REF="refs/pull/1/merge")
     second = {name: (rc, out, err) for name, rc, out, err in _run_steps(job["steps"], env)}
     rc, out, err = second["Gate on diff against the baseline"]
     assert rc in (0, 1), err[-2000:]  # 1 only if this host really regressed between the two runs
     assert all(line.startswith("::") for line in out.splitlines()) and out
-    assert (tmp_path / "run2" / "diff-junit.xml").is_file()
+    assert (tmp_path / "rep2" / "diff-junit.xml").is_file()
     assert "Keep as the baseline (main only)" not in second
     text = summary.read_text(encoding="utf-8")
     assert text.count("## cancelbench report") == 2 and text.count("## cancelbench diff") == 1
