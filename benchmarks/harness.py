@@ -234,6 +234,7 @@ def column_distribution(out: Path, columns: str | list[str], **where) -> dict:
 def config_of(out: Path) -> SweepConfig:
     """The config a dataset was run with (its manifest's), validated again."""
     from cancelbench.orchestrator.config import parse_config
+    from cancelbench.orchestrator.workloads import recorded_declaration, workload_table
     from cancelbench.sink import read_manifest
 
     c = read_manifest(out)["config"]
@@ -243,11 +244,10 @@ def config_of(out: Path) -> SweepConfig:
     offsets = {k: v for k, v in c["offsets"].items() if not (k == "fixed_ms" and not v)}
     devices = {"backends": c["devices"]["backends"], "hosts": c["devices"]["hosts"],
                "labels": dict(c["devices"]["labels"])}
-    workloads = []
-    for w in c["workloads"]:
-        extra = w.get("extra") or {}
-        workloads.append({**{k: v for k, v in w.items() if k != "extra" and v is not None and v != []}, **extra})
-    config = parse_config({"sweep": sweep, "offsets": offsets, "devices": devices, "workload": workloads})
+    workloads = [workload_table(w) for w in c["workloads"]]
+    declared = {w["name"]: recorded_declaration(w) for w in c["workloads"]}
+    config = parse_config({"sweep": sweep, "offsets": offsets, "devices": devices, "workload": workloads},
+                          declare=lambda spec: declared[spec.name])
     if config.to_json() != c:
         raise ValueError(f"{out}: the manifest's config does not round-trip; re-run instead of --resummarise")
     return config

@@ -229,3 +229,32 @@ def preflight(workload: WorkloadSpec) -> Declaration:
 
     return declare(list(workload.command), cwd=workload.cwd, env=dict(workload.env),
                    startup_timeout_s=workload.startup_timeout_s)
+
+
+def workload_table(recorded: dict) -> dict:
+    """The [[workload]] table that gives a recorded workload again (a manifest's config JSON,
+    ``SweepConfig.to_json``): the keys its engine takes, with the values that were set."""
+    engine = recorded.get("engine", "text")
+    keys = set(_COMMON_KEYS) | (set(EXTERNAL_KEYS) if engine == EXTERNAL else
+                                {s.name for s in ENGINES[engine].declaration.settings})
+    if engine != EXTERNAL and not ENGINES[engine].needs_model:
+        keys -= {"model", "mmproj", "lock", "inputs"}
+    table = {k: v for k, v in recorded.items() if k in keys and v is not None and v != [] and v != {}}
+    if engine == EXTERNAL:
+        table["env"] = dict(recorded.get("env") or [])
+        table["settings"] = dict(recorded.get("settings") or [])
+        table["command"] = list(recorded["command"])
+    return table
+
+
+def recorded_declaration(recorded: dict) -> Declaration | None:
+    """An external workload's declaration as its manifest recorded it (None: a built-in engine)."""
+    d = recorded.get("declaration")
+    if not d:
+        return None
+    from cancelbench.sut.declaration import MechanismInfo, Phase, Setting
+    return Declaration(name=d["name"], version=d["version"], input=d["input"], clock=d["clock"],
+                       protocol=d["protocol"], build=tuple(tuple(kv) for kv in d["build"]),
+                       phases=tuple(Phase(**p) for p in d["phases"]),
+                       mechanisms=tuple(MechanismInfo(**m) for m in d["mechanisms"]),
+                       settings=tuple(Setting(**s) for s in d["settings"]))
