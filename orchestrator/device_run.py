@@ -343,7 +343,8 @@ class DeviceRun:
                 return result.result()
             try:
                 status = await asyncio.wait_for(_awaitable(self.agent.status.remote()), 5)
-                self.last_phase = status.get("phase")
+                # a reply after the trial ended says no phase: keep the last one seen while it ran
+                self.last_phase = status.get("phase") or self.last_phase
             except Exception:
                 return await result
 
