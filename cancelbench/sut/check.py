@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 
 
-from .client import EngineError, EngineProcess
+from .client import EngineError, EngineProcess, group_alive, in_trial
 from .declaration import Declaration, SettingError
 
 EXIT_OK, EXIT_FAILURES, EXIT_INPUT = 0, 1, 2  # the command's exit codes (cancelbench.cli)
@@ -69,7 +69,7 @@ class Checker:
         t_run = proc.send({"type": "run", "trial": trial, "mechanism": self.mechanism, "input": self._input(),
                            "settings": self.settings, "output_path": None})
         sent_cancel = cancel_first
-        u, last = proc.clock.uncertainty_ns, t_run
+        last = t_run
         while run.done is None:
             try:
                 got = proc.messages.get(timeout=EVENT_TIMEOUT_S)
@@ -81,9 +81,10 @@ class Checker:
             if msg["type"] not in ("phase", "step", "cancel_seen", "done") or msg.get("trial") != trial:
                 run.problems.append(f"a {msg['type']} message for {msg.get('trial')!r} during run {trial}")
                 continue
-            t = proc.clock.to_agent(msg["t"])
-            if not (t_run - u <= t <= got.t_read_ns + u) or t < last - u:
+            t = in_trial(proc.clock, msg["t"], t_run, got.t_read_ns, last)
+            if t is None:
                 run.problems.append(f"{msg['type']} timestamp {msg['t']} is outside the run on the pongs' clock")
+                t = proc.clock.to_agent(msg["t"])
             last = max(last, t)
             if msg["type"] == "done":
                 run.done = msg
@@ -225,9 +226,7 @@ class Checker:
         proc, problems = self.proc, []
         for line, of in ((b"this is not json\n", None), (b'{"type": "frobnicate"}\n', "frobnicate"),
                          (b'{"type": "run"}\n', "run")):
-            with proc._write_lock:
-                proc.proc.stdin.write(line)
-                proc.proc.stdin.flush()
+            proc.send_line(line)
             try:
                 got = proc.messages.get(timeout=EVENT_TIMEOUT_S)
                 msg = proc.check(got, "an error answer").msg
@@ -249,11 +248,7 @@ class Checker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return Check("shutdown", False, "still running 5 s after shutdown (killed)")
-        try:
-            os.killpg(proc.pid, 0)
-            left = True
-        except (ProcessLookupError, PermissionError):
-            left = False
+        left = group_alive(proc.pid)
         self.proc.kill()
         problems = ([f"exit status {rc}"] if rc else []) + (["processes left in its group"] if left else [])
         return Check("shutdown", not problems, "; ".join(problems) or "exit status 0, nothing left in its group")

@@ -139,8 +139,7 @@ class EngineProcess:
 
     def ping(self, timeout_s: float | None = None) -> Received:
         """A ping and its pong (other messages meanwhile are an error: only between trials)."""
-        self._ping_id += 1
-        self.send({"type": "ping", "id": self._ping_id, "t": native.now_ns()})
+        self.send_ping()
         got = self._next(timeout_s or self.answer_timeout_s, "a pong")
         if got.msg.get("type") != "pong" or got.msg.get("id") != self._ping_id:
             raise EngineError(f"expected pong {self._ping_id}, got {got.msg.get('type')!r} "
@@ -158,10 +157,18 @@ class EngineProcess:
         return dict(got.msg.get("settings") or {})
 
     # -- talking -------------------------------------------------------------
+    def send_ping(self) -> int:
+        """A ping with the next id (its pong answers it); the agent's clock when sent."""
+        self._ping_id += 1
+        return self.send({"type": "ping", "id": self._ping_id, "t": native.now_ns()})
+
     def send(self, msg: dict) -> int:
         """Write one message; the agent's clock just before the write (nothing the engine does
         in answer can be earlier). EngineError if the engine is gone."""
-        line = encode(msg)
+        return self.send_line(encode(msg))
+
+    def send_line(self, line: bytes) -> int:
+        """Write one line as it is (sut-check's malformed input too); see :meth:`send`."""
         with self._write_lock:
             t = native.now_ns()
             try:
@@ -204,11 +211,10 @@ class EngineProcess:
             if len(line) > MAX_LINE_BYTES or not line.endswith(b"\n") and len(line) == MAX_LINE_BYTES + 1:
                 self.messages.put(Received(None, now, ProtocolError("a line of over 1 MiB (the protocol's limit)")))
                 return  # the framing is lost: nothing after it can be trusted
-            try:
-                kind = _peek_type(line)
-                if kind is not None and kind not in ENGINE_TYPES:
-                    continue  # a message type of a later protocol revision: ignored (forward compatible)
-                self.messages.put(Received(decode(line, ENGINE_TYPES), now))
+            try:  # a message type of a later protocol revision is ignored (forward compatible)
+                msg = decode(line, ENGINE_TYPES, skip_unknown=True)
+                if msg is not None:
+                    self.messages.put(Received(msg, now))
             except ProtocolError as exc:
                 self.messages.put(Received(None, now, exc))
 
@@ -277,7 +283,7 @@ class EngineProcess:
             return None
         pgid = self.proc.pid  # the leader of its own session and group
         for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, TERM_GRACE_S)):
-            if self.proc.poll() is not None and not _group_alive(pgid):
+            if self.proc.poll() is not None and not group_alive(pgid):
                 break
             try:
                 os.killpg(pgid, sig)
@@ -305,22 +311,20 @@ class EngineProcess:
         return self.proc.poll()
 
 
-def _group_alive(pgid: int) -> bool:
+def in_trial(clock: ClockCheck, t_engine: int, t_run: int, t_read: int, last: int) -> int | None:
+    """An engine timestamp of a run on the agent's clock, or None when it lies outside the run
+    (before the run was written, after its line was read, or before the run's previous event),
+    within the clock's uncertainty: the engine does not stamp the clock it answered pings with."""
+    t, u = clock.to_agent(t_engine), clock.uncertainty_ns
+    return t if t_run - u <= t <= t_read + u and t >= last - u else None
+
+
+def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
         return True
     except (ProcessLookupError, PermissionError):
         return False
-
-
-def _peek_type(line: bytes) -> str | None:
-    import json
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        return None
-    kind = msg.get("type") if isinstance(msg, dict) else None
-    return kind if isinstance(kind, str) else None
 
 
 def declare(command: list[str], *, cwd: str | None = None, env: dict | None = None,

@@ -67,8 +67,19 @@ def validate(msg: object, allowed: tuple[str, ...]) -> dict:
     return msg
 
 
-def decode(line: bytes, allowed: tuple[str, ...]) -> dict:
-    """One received line as a validated message."""
+def type_of(line: bytes) -> str | None:
+    """A line's message type when it is a JSON object with a string ``type``, else None."""
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None
+    kind = msg.get("type") if isinstance(msg, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def decode(line: bytes, allowed: tuple[str, ...], skip_unknown: bool = False) -> dict | None:
+    """One received line as a validated message. ``skip_unknown``: a message of a type not in
+    ``allowed`` (a later protocol revision's) gives None instead of an error."""
     if len(line) > MAX_LINE_BYTES:
         raise ProtocolError(f"a line of over {MAX_LINE_BYTES} bytes (the limit is 1 MiB)")
     try:
@@ -76,4 +87,6 @@ def decode(line: bytes, allowed: tuple[str, ...]) -> dict:
     except (UnicodeDecodeError, ValueError):
         text = line[:80].decode("utf-8", "replace").rstrip("\n")
         raise ProtocolError(f"a line that is not JSON: {text!r}") from None
+    if skip_unknown and isinstance(msg, dict) and isinstance(msg.get("type"), str) and msg["type"] not in allowed:
+        return None
     return validate(msg, allowed)

@@ -69,7 +69,6 @@ import os
 import queue
 import sys
 import threading
-import time
 from collections import OrderedDict
 from typing import Callable, Protocol
 
@@ -77,6 +76,7 @@ from .declaration import Declaration
 from .trial import Result, Trial, one_line  # noqa: F401 (the engine API: server.Result)
 from .protocol import AGENT_TYPES, MAX_LINE_BYTES, ProtocolError, encode, validate
 from .protocol import decode as decode_line
+from .protocol import type_of
 
 from .trial import now_ns  # noqa: E402
 LATCHED_MAX = 1024  # cancels kept for trials not run yet
@@ -189,7 +189,8 @@ class Server:
             try:
                 msg = decode_line(line, AGENT_TYPES)
             except ProtocolError as exc:
-                self.error(_type_of(line), str(exc))
+                kind = type_of(line)
+                self.error(None if kind is None else kind[:64], str(exc))
                 continue
             kind = msg["type"]
             if kind == "ping":
@@ -291,18 +292,6 @@ class Server:
             with self._state:
                 self._current = None
             self._run_over.set()
-
-
-def _type_of(line: bytes) -> str | None:
-    """The offending message's type, for ``error.of`` (None when there is none)."""
-    import json
-
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        return None
-    kind = msg.get("type") if isinstance(msg, dict) else None
-    return kind[:64] if isinstance(kind, str) else None
 
 
 def _flush_stderr() -> None:

@@ -19,7 +19,7 @@ import queue
 
 from cancelbench import native
 from cancelbench.request import TrialRequest
-from cancelbench.sut.client import EngineError, EngineProcess, Received
+from cancelbench.sut.client import EngineError, EngineProcess, Received, in_trial
 
 from .base import CancelControl, EngineInputError, EngineResult
 
@@ -109,7 +109,6 @@ class ExternalEngine:
     def _follow(self, ctl: CancelControl, trial: str, t_run: int) -> EngineResult:
         """The run's events until its done: progress for the anchors, timestamps checked."""
         proc, progress, clock = self.proc, ctl.progress, self.proc.clock
-        u = clock.uncertainty_ns
         segments: list[list] = []  # [phase, start_ns, end_ns]
         steps: dict[str, int] = {}
         step_min: dict[str, int] = {}
@@ -123,8 +122,7 @@ class ExternalEngine:
                 if silent_s > proc.answer_timeout_s:
                     raise EngineError(f"the engine answered nothing for {silent_s:.1f} s during trial {trial} "
                                       f"(answer_timeout_s = {proc.answer_timeout_s:g}); killed") from None
-                proc._ping_id += 1
-                proc.send({"type": "ping", "id": proc._ping_id, "t": native.now_ns()})
+                proc.send_ping()
                 continue
             msg = proc.check(got, f"the done of trial {trial}").msg
             last_heard = got.t_read_ns
@@ -136,8 +134,8 @@ class ExternalEngine:
             if msg["trial"] != trial:
                 raise EngineError(f"the engine sent a {kind} event for trial {msg['trial'][:80]!r}, "
                                   f"which is not running (running: {trial})")
-            t = clock.to_agent(msg["t"])
-            if not (t_run - u <= t <= got.t_read_ns + u) or t < last_t - u:
+            t = in_trial(clock, msg["t"], t_run, got.t_read_ns, last_t)
+            if t is None:
                 raise EngineError(f"the engine's {kind} timestamp {msg['t']} lies outside trial {trial} on the clock it "
                                   "answered pings with (its timestamps are not on the clock it declared)")
             last_t = max(last_t, t)
