@@ -1,23 +1,20 @@
 """The trial record: one flat row per trial (llama-bench style), versioned.
 
 Columns come in groups (``GROUPS``: identity, host, settings, plan, receipt,
-timestamps, derived, result, cpu, partition), each tagged with who fills it; the
+timestamps, derived, result, cpu, bargein, partition), each tagged with who fills it; the
 driver's half and the agent's half are checked against those tags and merged
 once (``merge``), and ``finalize`` classifies and derives.
 
 Offsets
 -------
-Every cancel is anchored to an engine event, ``t_anchor_ns``, the same for
-both deliveries: the agent's hand-back (run_trial entered) for the time plans
-(immediate, uniform, fixed), entry into the target phase (``phase``), or the
-start of the k-th step call of the target phase (``progress``). It is due at
-anchor + ``offset_target_ms`` (``t_cancel_scheduled_ns``). ``agent`` delivery
-fires from a timer the agent starts at the event; ``driver`` delivery waits
-for the event to reach the driver (``t_anchor_seen_ns``, its hop
-``anchor_hop_ms``), then fires at the due instant converted to the driver
-clock (or at once, if it has passed: ``schedule_lag_ms`` shows it).
-``offset_actual_ms`` stays measured from hand-back, so offsets of every plan
-share one axis.
+Every cancel is anchored to an engine event, ``t_anchor_ns``: the agent's hand-back
+(time plans: immediate, uniform, fixed), entry into the target phase (``phase``), or
+the start of the k-th step call of the target phase (``progress``), due at anchor +
+``offset_target_ms`` (``t_cancel_scheduled_ns``). ``agent`` delivery fires from a
+timer the agent starts at the event; ``driver`` delivery waits for the event to reach
+the driver (``t_anchor_seen_ns``, ``anchor_hop_ms``), then fires at the due instant on
+the driver clock (at once if passed: ``schedule_lag_ms``); ``detector`` delivery (barge-in)
+starts the user's speech there and the detector fires. ``offset_actual_ms`` is from hand-back.
 
 Clock domains
 -------------
@@ -30,7 +27,6 @@ Clock domains
   round trip); for ``delivery == "agent"`` issue happens on the agent and the
   uncertainty is 0.
 * ``*_ms`` columns are derived from those timestamps only (see ``derive``).
-
 Absent values are nulls: a trial that never received a cancel has no
 ``t_received_ns``; a text trial has no ``frames_generated_at_receipt``.
 """
@@ -41,9 +37,12 @@ import dataclasses
 
 import pyarrow as pa
 
+from . import schema_bargein
+
 # 2: every setting that shapes a trial is a column; 3: engines declare themselves (engine_* columns, external
-# engines); 4: the cpu group (engine work vs CPU wait); readers accept older versions (new columns null)
-SCHEMA_VERSION = 4
+# engines); 4: the cpu group (engine work vs CPU wait); 5: barge-in (schema_bargein); readers accept older
+# versions (new columns null)
+SCHEMA_VERSION = 5
 
 # Partition columns of the hive-partitioned dataset (values sanitized for paths).
 PARTITION_COLUMNS = ("backend", "host")
@@ -52,7 +51,7 @@ PARTITION_COLUMNS = ("backend", "host")
 OUTCOMES = ("cancelled", "completed", "dropped", "error", "lost")
 # Outcomes that are defects of the system under test or of the harness (report verdict FAIL).
 DEFECT_OUTCOMES = ("dropped", "lost")
-DELIVERIES = ("driver", "agent")
+DELIVERIES = ("driver", "agent", "detector")  # detector: barge-in (docs/bargein.md)
 # delivery / offset_plan of a reference (uncancelled) run: no cancel, so neither applies.
 NOT_APPLICABLE = "none"
 
@@ -80,6 +79,7 @@ GROUPS = {
     "derived": "derived",    # *_ms from the timestamps (``derive``)
     "result": "agent",       # what the engine did
     "cpu": "agent",          # where the engine's time went, cancel received -> stopped (device_agents/cpu_account.py)
+    "bargein": "agent",      # barge-in: onset -> detected -> ... -> silence (cancelbench/schema_bargein.py)
     "partition": "either",   # directory names (sanitized)
 }
 
@@ -255,6 +255,7 @@ _FIELDS: list[tuple] = [
      "perf_counter), us: it runs after the cancel was set, so it delays no stop"),
     ("cpu_account_source", _STR, "cpu", "where the cpu columns come from: schedstat | unavailable: <why> (macOS, a "
      "kernel without CONFIG_SCHED_INFO, the engine process gone); null when no cancel was received"),
+    *schema_bargein.FIELDS,
     ("backend", _STR, "partition", "cpu | vulkan | metal | cuda"),
     ("host", _STR, "partition", "sanitized host name used as the partition path part"),
 ]
@@ -310,6 +311,7 @@ def derive(row: dict) -> dict:
     ref = g("reference_ms")
     lat = row["latency_ms"]
     row["cost_ratio"] = (lat / ref) if (lat is not None and ref) else None
+    schema_bargein.derive(row)
     return row
 
 
@@ -388,11 +390,9 @@ def empty_row() -> dict:
 
 
 def reference_run(rows) -> dict | None:
-    """The one definition of "the reference run" of a cell (device, workload,
-    mechanism): among its completed reference trials, the lower median by
-    ``duration_ms`` (ties by trial id), a real run whose duration and phase
-    timeline belong together. The planner resolves offsets on it and the
-    offset plot shades its phases."""
+    """"The reference run" of a cell (device, workload, mechanism): the lower median of its
+    completed reference trials by ``duration_ms`` (ties by trial id), a real run whose duration
+    and phase timeline belong together (offsets are resolved on it; the offset plot shades it)."""
     done = [r for r in rows if r.get("outcome") == "completed" and r.get("duration_ms") is not None]
     if not done:
         return None
