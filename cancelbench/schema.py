@@ -37,6 +37,8 @@ import dataclasses
 
 import pyarrow as pa
 
+from cancelbench.schema_cpu import CPU_FIELDS
+
 from . import schema_bargein
 
 # 2: every setting that shapes a trial is a column; 3: engines declare themselves (engine_* columns, external
@@ -234,28 +236,7 @@ _FIELDS: list[tuple] = [
     ("error", _STR, "result", "error message (outcome error/lost)", "either"),
     ("engine_counters_json", _STR, "result", "external engines: the counters of its done message, JSON {name: int}"),
     ("engine_stderr", _STR, "result", "external engines: what the engine process wrote to stderr since the previous record (its last 8 KiB)"),
-    ("engine_cpu_ms", _F64, "cpu", "CPU time of the engine process (in-process engines: the agent's; external: the "
-     "engine's), every thread, from the cancel's receipt to the terminal state, ms: its process CPU clock (Linux "
-     "clock_getcpuclockid, the scheduler's), read right after the cancel was set (t_received + cpu_snapshot_us) and "
-     "at the terminal state (external: the done read), diffed. Not the agent's monotonic clock"),
-    ("engine_cpu_wait_ms", _F64, "cpu", "time that process's threads waited runnable for a CPU over the same window, "
-     "summed, ms (/proc/<pid>/task/<tid>/schedstat run delay, counted when a thread gets its CPU; threads that exit "
-     "inside the window are missed): a busy host shows here, not in engine_cpu_ms"),
-    ("engine_involuntary_switches", _I64, "cpu", "involuntary context switches of those threads over the window "
-     "(/proc/<pid>/task/<tid>/status nonvoluntary_ctxt_switches): preempted while runnable"),
-    ("engine_threads", _I32, "cpu", "threads of the engine process accounted (alive at the terminal snapshot)"),
-    ("host_loadavg_1m", _F64, "cpu", "the host's 1-minute load average at the terminal snapshot (/proc/loadavg)"),
-    ("host_procs_running", _I32, "cpu", "tasks runnable on the host at receipt or terminal, the more (/proc/loadavg "
-     "nr_running, as /proc/stat procs_running), the engine's busy threads and the reader included (about 3: idle 2 cores, 2 threads)"),
-    ("host_steal_ms", _F64, "cpu", "steal time over the window, all CPUs summed (/proc/stat, USER_HZ ticks: "
-     "10 ms resolution), ms; null where the kernel reports no steal field"),
-    ("host_cpu_mhz", _F64, "cpu", "mean current frequency of the CPUs the engine may run on (the first 64), at "
-     "the terminal snapshot (cpufreq scaling_cur_freq), MHz; null where cpufreq is not exposed (most VMs)"),
-    ("cpu_snapshot_us", _F64, "cpu", "what the receipt snapshot cost the cancel's thread (its own duration, "
-     "perf_counter), us: it runs after the cancel was set, so it delays no stop"),
-    ("cpu_account_source", _STR, "cpu", "where the cpu columns come from: schedstat | unavailable: <why> (macOS, a "
-     "kernel without CONFIG_SCHED_INFO, the engine process gone); null when no cancel was received"),
-    *schema_bargein.FIELDS,
+    *CPU_FIELDS,  # the cpu group: cancelbench/schema_cpu.py
     ("backend", _STR, "partition", "cpu | vulkan | metal | cuda"),
     ("host", _STR, "partition", "sanitized host name used as the partition path part"),
 ]
