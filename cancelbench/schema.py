@@ -237,6 +237,7 @@ _FIELDS: list[tuple] = [
     ("engine_counters_json", _STR, "result", "external engines: the counters of its done message, JSON {name: int}"),
     ("engine_stderr", _STR, "result", "external engines: what the engine process wrote to stderr since the previous record (its last 8 KiB)"),
     *CPU_FIELDS,  # the cpu group: cancelbench/schema_cpu.py
+    *schema_bargein.FIELDS,
     ("backend", _STR, "partition", "cpu | vulkan | metal | cuda"),
     ("host", _STR, "partition", "sanitized host name used as the partition path part"),
 ]

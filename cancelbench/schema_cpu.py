@@ -51,5 +51,4 @@ CPU_FIELDS: list[tuple] = [
      "residue they miss (the cancel's lock and token set before the receipt read)"),
     ("cpu_account_source", _STR, "cpu", "where the cpu columns come from: schedstat | unavailable: <why> (macOS, a "
      "kernel without CONFIG_SCHED_INFO, the engine process gone); null when no cancel was received"),
-    *schema_bargein.FIELDS,
 ]
