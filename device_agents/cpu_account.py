@@ -8,7 +8,16 @@ timeslices: the scheduler's own per-thread clocks, kernel CONFIG_SCHED_INFO) and
 ``.../status`` (``nonvoluntary_ctxt_switches``) (in-process engines: the agent's own
 process; external ones: the engine's),
 ``/proc/loadavg`` (load, runnable tasks), ``/proc/stat`` (steal) and cpufreq's
-``scaling_cur_freq``. A :class:`Window` snapshots the threads at the receipt
+``scaling_cur_freq``. In process, the involuntary switches of every thread come from one
+``getrusage(RUSAGE_SELF)`` (exited threads too) instead of each thread's ``status``.
+
+The *trial thread* (the one that runs the engine's native calls and reaches the terminal state:
+the thread that builds the :class:`Window`, in process) is read on its own, first at the receipt
+(under the cancel's lock, right after the cancel was set: a clock read and one ``pread``) and
+first at the terminal state (on that thread, before anything else): its CPU clock
+(``pthread_getcpuclockid``, up to date), its schedstat run delay and the agent's monotonic clock.
+They split the wall-clock residue (reports/residue.py); an external engine's trial thread is not
+known to the agent, so those columns are null there. A :class:`Window` snapshots the threads at the receipt
 (:meth:`Window.at_receipt`, right after the cancel was set, so it never delays it) and
 at the terminal state, and diffs them. The wait and switches of threads that exit inside
 the window are missed (llama.cpp's CPU threads are OpenMP's, alive across calls). Elsewhere (macOS) nothing
@@ -18,6 +27,7 @@ is read: the columns are null and ``cpu_account_source`` says why.
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import threading
 import time
@@ -82,6 +92,34 @@ class Snapshot:
     load_1m: float
     procs_running: int
     steal_ticks: int | None
+    nivcsw: int | None = None  # in process: getrusage's involuntary switches of every thread (then not per thread)
+
+
+def thread_cpu_ns(tid: int) -> int:
+    """CPU time of thread ``tid`` of this process, up to date (its thread CPU clock,
+    pthread_getcpuclockid(3); Linux encodes it as below)."""
+    return time.clock_gettime_ns(((~tid) << 3) | 6)  # CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD_MASK (posix-timers.h)
+
+
+_SCHEDSTAT_FDS: dict[int, int] = {}  # tid -> its schedstat, kept open (this process's trial threads)
+
+
+def own_thread_reading(tid: int) -> tuple[int, int, int] | None:
+    """(agent monotonic ns, CPU ns, run delay ns) of this process's thread ``tid``: one clock read
+    and one ``pread`` of its kept-open schedstat, no lock taken; None once the thread is gone."""
+    for _ in (0, 1):
+        fd = _SCHEDSTAT_FDS.get(tid)
+        try:
+            if fd is None:
+                fd = _SCHEDSTAT_FDS[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+            now = time.monotonic_ns()  # CLOCK_MONOTONIC: the agent's clock (native.now_ns)
+            cpu = thread_cpu_ns(tid)
+            return now, cpu, parse_schedstat(os.pread(fd, 256, 0).decode("ascii"))[1]
+        except (OSError, ValueError):
+            old = _SCHEDSTAT_FDS.pop(tid, None)
+            if old is not None:
+                os.close(old)
+    return None
 
 
 class ThreadFiles:
@@ -92,6 +130,7 @@ class ThreadFiles:
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
+        self.status = pid != os.getpid()  # in process, getrusage counts the switches (Snapshot.nivcsw)
         self._fds: dict[int, tuple[int, int]] = {}
         self._last: dict[int, tuple[int, int, int]] = {}  # tid -> its values at the last read
         self._lock = threading.Lock()
@@ -122,7 +161,9 @@ class ThreadFiles:
             try:
                 run, wait, _ = parse_schedstat(os.pread(fds[0], 256, 0).decode("ascii"))
                 last = self._last.get(tid)
-                if last is not None and last[0] == run:  # it has not run since: its switches are the same
+                if not self.status:
+                    switches = 0
+                elif last is not None and last[0] == run:  # it has not run since: its switches are the same
                     switches = last[2]
                 else:
                     switches = parse_nonvoluntary(os.pread(fds[1], 4096, 0).decode("ascii", "replace")) or 0
@@ -179,9 +220,10 @@ def process_cpu_ns(pid: int) -> int:
 def snapshot(pid: int) -> Snapshot:
     """The process clock first (the figure nearest the receipt), then its threads, then the host."""
     cpu = process_cpu_ns(pid)
+    nivcsw = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw if pid == os.getpid() else None
     threads = read_threads(pid)
     load, running = parse_loadavg(_read("/proc/loadavg"))
-    return Snapshot(cpu, threads, load, running, parse_steal_ticks(_read("/proc/stat")))
+    return Snapshot(cpu, threads, load, running, parse_steal_ticks(_read("/proc/stat")), nivcsw)
 
 
 def diff(before: Snapshot, after: Snapshot) -> dict:
@@ -191,6 +233,8 @@ def diff(before: Snapshot, after: Snapshot) -> dict:
     for tid, (_, w, s) in after.threads.items():
         _, w0, s0 = before.threads.get(tid, (0, 0, 0))
         wait, switches = wait + w - w0, switches + s - s0
+    if before.nivcsw is not None and after.nivcsw is not None:
+        switches = after.nivcsw - before.nivcsw
     steal = (None if before.steal_ticks is None or after.steal_ticks is None
              else (after.steal_ticks - before.steal_ticks) * _TICK_MS)
     return {"engine_cpu_ms": (after.cpu_ns - before.cpu_ns) / 1e6, "engine_cpu_wait_ms": wait / 1e6,
@@ -227,7 +271,8 @@ def unavailable_reason(pid: int) -> str | None:
 
 class Window:
     """One trial's window, receipt -> terminal, on the engine process ``pid``. Thread-safe:
-    the receipt is taken on the cancel's thread, the terminal on the engine's."""
+    the receipt is taken on the cancel's thread, the terminal on the engine's. Built on the
+    trial's thread (the agent's run_trial), whose tid it keeps as the trial thread (in process)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -238,24 +283,34 @@ class Window:
         self._cost_us: float | None = None
         self._asked = False  # a cancel was received: the window exists
         self._why: str | None = unavailable_reason(pid)
+        self.trial_tid: int | None = threading.get_native_id() if pid == os.getpid() else None
+        self._trial: list = [None, None]  # the trial thread's (monotonic ns, CPU ns, run delay ns): receipt, terminal
+        self._t0 = 0
 
     def owe_receipt(self) -> None:
         """Called under the cancel's lock: a receipt snapshot is coming, so a terminal one waits for it.
+        The trial thread is read here (a clock and a pread), so its reading precedes the terminal's.
         The same thread must call :meth:`at_receipt` next."""
         self._lock.acquire()
+        self._t0 = time.perf_counter_ns()
+        if self._why is None and self.trial_tid is not None and self._trial[0] is None:
+            self._trial[0] = own_thread_reading(self.trial_tid)
 
     def at_receipt(self) -> None:
-        """The receipt snapshot (after :meth:`owe_receipt`); its own cost is recorded."""
+        """The receipt snapshot (after :meth:`owe_receipt`); its own cost (the trial thread's read
+        included) is recorded."""
         try:
             self._asked = True
             if self._why is None:
-                t0 = time.perf_counter_ns()
                 self._receipt = self._take()
-                self._cost_us = (time.perf_counter_ns() - t0) / 1e3
+                self._cost_us = (time.perf_counter_ns() - self._t0) / 1e3
         finally:
             self._lock.release()
 
     def at_terminal(self) -> None:
+        if (self.trial_tid is not None and self._trial[0] is not None and self._trial[1] is None
+                and threading.get_native_id() == self.trial_tid):
+            self._trial[1] = own_thread_reading(self.trial_tid)  # first, before waiting for the lock
         with self._lock:
             if self._receipt is not None and self._terminal is None:
                 self._terminal = self._take()
@@ -263,11 +318,12 @@ class Window:
 
     def watch(self, pid: int) -> None:
         """The engine runs in ``pid`` (an external engine, maybe restarted): a receipt already
-        taken (a cancel latched before the run) is taken again on it."""
+        taken (a cancel latched before the run) is taken again on it. Its trial thread is unknown."""
         with self._lock:
             if pid == self.pid:
                 return
-            self.pid, self._why = pid, unavailable_reason(pid)
+            self.pid, self._why, self.trial_tid = pid, unavailable_reason(pid), None
+            self._trial = [None, None]
             if self._receipt is not None:
                 self._receipt = self._take()
 
@@ -278,6 +334,13 @@ class Window:
             gone = not os.path.exists(f"/proc/{self.pid}")
             self._why = f"unavailable: engine process {self.pid} " + ("gone" if gone else f"unreadable ({exc})")
             return None
+
+    def _trial_columns(self) -> dict:
+        before, after = self._trial
+        if before is None or after is None:
+            return {}
+        return {"trial_cpu_ms": (after[1] - before[1]) / 1e6, "trial_cpu_wait_ms": (after[2] - before[2]) / 1e6,
+                "cpu_window_ms": (after[0] - before[0]) / 1e6}
 
     def columns(self) -> dict:
         """The record's columns; empty if no cancel was received (no window)."""
@@ -290,4 +353,4 @@ class Window:
             if self._receipt is None or self._terminal is None:
                 return {}
             return {**diff(self._receipt, self._terminal), "host_cpu_mhz": self._mhz,
-                    "cpu_snapshot_us": self._cost_us, "cpu_account_source": SOURCE}
+                    "cpu_snapshot_us": self._cost_us, "cpu_account_source": SOURCE, **self._trial_columns()}

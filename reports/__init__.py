@@ -15,6 +15,8 @@ import pandas as pd
 import pyarrow as pa
 
 from .legend import BUILD_COLUMNS, attach_builds, builds_of
+from .residue import COLUMNS as RESIDUE_COLUMNS
+from .residue import residue_of
 from .load import (DEFECT_OUTCOMES, PLOT_SOURCE_COLUMNS, REFERENCE_COLUMNS, TABLE_COLUMNS, Filters, Scan, frame_of,
                    read_once, records_of, references_of, require_rows, samples_of)
 from .targeting import COLUMNS as TARGETING_COLUMNS
@@ -25,6 +27,7 @@ from .tables import (DEFECT_COLUMNS, Report, ReportSpec, aggregate_cells, aggreg
 # Everything a report derives besides the cells (Ray reads the cells' columns itself).
 SIDE_COLUMNS = list(dict.fromkeys([*DEFECT_COLUMNS, "engine", *TARGETING_COLUMNS, *BUILD_COLUMNS]))
 PLOT_COLUMNS = list(dict.fromkeys([*PLOT_SOURCE_COLUMNS, *REFERENCE_COLUMNS]))
+SIDE_COLUMNS += [c for c in RESIDUE_COLUMNS if c not in SIDE_COLUMNS]  # the residue split
 
 
 def defects_of(scan: Scan) -> pd.DataFrame:
@@ -74,6 +77,7 @@ def build_report(dirs: list[str | Path], spec: ReportSpec = ReportSpec(), filter
     report.defects = defects_of(scan)
     report.simulated = simulated_of(rows(["engine"]))
     report.targeting = targeting_of(rows(TARGETING_COLUMNS))
+    report.residue = residue_of(rows(RESIDUE_COLUMNS))
     report.repeats = scan.repeats
     if with_samples:
         report.samples = samples_of(rows(PLOT_SOURCE_COLUMNS))

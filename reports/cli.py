@@ -18,6 +18,7 @@ from cancelbench.inputs import non_negative_int, positive_finite
 from cancelbench.sink import DatasetError, partial_reason
 
 from .load import Filters
+from .noise import REFUSED_EXIT, NoiseSpec
 from .tables import BoundSpec, ReportSpec
 
 
@@ -83,6 +84,27 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", action="append", metavar="B", help="only these backends (repeatable; prunes partitions)")
     p.add_argument("--host", action="append", metavar="H",
                    help="only these (sanitized) hosts (repeatable; prunes partitions)")
+
+
+def add_noise_options(p: argparse.ArgumentParser) -> None:
+    """The host-noise thresholds of diff and trend (reports/noise.py) and --refuse-noisy."""
+    p.add_argument("--noise-wait-share", type=fraction, default=NoiseSpec.wait_share, metavar="FRACTION",
+                   help="flag a comparison whose sides' CPU-wait shares differ by more than this (absolute; "
+                        "default 0.10 = 10 points)")
+    p.add_argument("--noise-load", type=_positive, default=NoiseSpec.load, metavar="N",
+                   help="... whose median 1-minute load averages differ by more than N (default 2)")
+    p.add_argument("--noise-procs", type=_positive, default=NoiseSpec.procs, metavar="N",
+                   help="... whose median runnable tasks differ by more than N (default 1.5)")
+    p.add_argument("--noise-steal", type=_positive, default=NoiseSpec.steal, metavar="CPUS",
+                   help="... whose stolen CPUs during the residues differ by more than this (default 0.10)")
+    p.add_argument("--refuse-noisy", action="store_true",
+                   help=f"refuse a flagged comparison: one line on stderr, exit {REFUSED_EXIT} (the outputs are "
+                        "still written, saying so)")
+
+
+def noise_spec(args: argparse.Namespace) -> NoiseSpec:
+    return NoiseSpec(wait_share=args.noise_wait_share, load=args.noise_load, procs=args.noise_procs,
+                     steal=args.noise_steal, refuse=args.refuse_noisy)
 
 
 def _bound_spec(args: argparse.Namespace) -> BoundSpec:
@@ -219,7 +241,8 @@ def run_report(args: argparse.Namespace) -> int:
 def add_diff_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "diff", help="compare two sweeps cell by cell (regression check for CI)",
-        description="Compare a candidate sweep with a baseline. Exit 1 on regression, 0 otherwise, 2 on bad input.")
+        description="Compare a candidate sweep with a baseline. Exit 1 on regression, 0 otherwise, 2 on bad input, "
+                    f"{REFUSED_EXIT} when --refuse-noisy refuses a noisy comparison.")
     p.add_argument("baseline", metavar="BASELINE", help="baseline sweep directory")
     p.add_argument("candidate", metavar="CANDIDATE", help="candidate sweep directory")
     p.add_argument("--format", choices=("terminal", "markdown", "json", "html", "junit", "github"),
@@ -243,6 +266,7 @@ def add_diff_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ignore-setting", action="append", default=[], metavar="NAME",
                    help="compare cells even though this settings column differs between the sweeps (diff refuses "
                         "otherwise: different settings are different experiments); repeatable")
+    add_noise_options(p)
     _add_common(p)
     p.set_defaults(func=run_diff_cmd)
     return p
@@ -259,7 +283,8 @@ def run_diff_cmd(args: argparse.Namespace) -> int:
         outputs = check_outputs(output_options(args, DIFF_FILES), inputs=[args.baseline, args.candidate])
         spec = DiffSpec(percentile=args.percentile, rel_threshold=args.threshold, confidence=args.confidence,
                         n_boot=_bootstrap(args), seed=args.seed, bound=_bound_spec(args),
-                        class_map=parse_class_map(args.map_class), ignore_settings=tuple(args.ignore_setting))
+                        class_map=parse_class_map(args.map_class), ignore_settings=tuple(args.ignore_setting),
+                        noise=noise_spec(args))
         result = run_diff([args.baseline], [args.candidate], spec, _filters(args))
         check_bound_targets(spec.bound, result.cells)
         from .html import diff_to_html
@@ -274,7 +299,16 @@ def run_diff_cmd(args: argparse.Namespace) -> int:
         append_step_summary(lambda limit: diff_to_markdown(result, limit), "diff")
     except (DatasetError, ValueError, OSError) as exc:
         return _fail("diff", exc)
+    refuse_line("diff", result.noise)
     return result.exit_code
+
+
+def refuse_line(command: str, check) -> None:
+    """The one stderr line of a refused (--refuse-noisy) comparison."""
+    if check is not None and check.refused:
+        from .noise import refusal_line
+
+        print(refusal_line(command, check), file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from cancelbench.sink import DatasetError
 
-from . import stats
+from . import noise, residue, stats
 from .sections import Section, fmt_ms
 from .legend import BUILD_COLUMNS, builds_by_class_of, builds_legend
 from .load import TABLE_COLUMNS, Filters, frame_of, read_once, records_of
@@ -51,7 +51,8 @@ from .tables import (NONE_LABEL, ROW_KEYS, BoundSpec, ReportSpec, _Take, device_
                      summarize_cell_arrays)
 
 # What diff (and trend) read of each side, in its one scan: the cells, the settings check, the builds legend.
-DIFF_COLUMNS = list(dict.fromkeys([*TABLE_COLUMNS, *SETTINGS_COLUMNS, *CLASS_COLUMNS, *BUILD_COLUMNS]))
+DIFF_COLUMNS = list(dict.fromkeys([*TABLE_COLUMNS, *SETTINGS_COLUMNS, *CLASS_COLUMNS, *BUILD_COLUMNS,
+                                   *residue.COLUMNS, *noise.COLUMNS]))
 SETTINGS_READ = ["workload", "mechanism", "delivery", *CLASS_COLUMNS, *SETTINGS_COLUMNS]
 
 
@@ -69,6 +70,7 @@ class DiffSpec:
     bound: BoundSpec = BoundSpec()
     class_map: tuple[tuple[str, str], ...] = ()  # (baseline class, candidate class) pairs compared across classes
     ignore_settings: tuple[str, ...] = ()  # settings columns allowed to differ between the two sides
+    noise: noise.NoiseSpec = noise.NoiseSpec()  # when the two sides' hosts differ too much (reports/noise.py)
 
     def report_spec(self) -> ReportSpec:
         return ReportSpec(bound=self.bound, bound_percentile=self.percentile, confidence=self.confidence,
@@ -103,6 +105,11 @@ class CellDiff:
     base_over: bool = False
     cand_over: bool = False
     cand_worst_trial_ids: list[str] = field(default_factory=list)
+    # the residue split (reports/residue.py): work p50 and CPU-wait share; None without one
+    base_work_p50: float | None = None
+    cand_work_p50: float | None = None
+    base_wait_share: float | None = None
+    cand_wait_share: float | None = None
 
     @property
     def key(self) -> tuple:
@@ -123,6 +130,7 @@ class DiffResult:
     legend: list[Section] = field(default_factory=list)  # extra legend sections (builds), rendered last
     notes: list[str] = field(default_factory=list)  # datasets counted once; invalid records outside every cell
     invalid: int = 0  # invalid records on both sides (load.invalid_records): the diff fails
+    noise: noise.NoiseCheck | None = None  # the two hosts compared (reports/noise.py)
 
     @property
     def regressed(self) -> list[CellDiff]:
@@ -130,6 +138,8 @@ class DiffResult:
 
     @property
     def exit_code(self) -> int:
+        if self.noise is not None and self.noise.refused:
+            return noise.REFUSED_EXIT
         return 1 if self.regressed or self.invalid else 0
 
     def counts(self) -> dict[str, int]:
@@ -180,6 +190,8 @@ class SideData:
     invalid: dict[tuple, list[str]]  # cell key -> "trial id: why" of its invalid records
     dirs: list[str]
     repeats: list[str]
+    residue: dict[tuple, residue.ResidueCell] = field(default_factory=dict)  # cell key -> its split
+    noise: noise.NoiseFacts = noise.NoiseFacts()  # the side's host facts
 
 
 def read_side(dirs: list[str | Path], spec: ReportSpec, filters: Filters, class_map: dict[str, str],
@@ -193,6 +205,9 @@ def read_side(dirs: list[str | Path], spec: ReportSpec, filters: Filters, class_
     settings = settings_by_cell(records_of(scan, filters, SETTINGS_READ), class_map)
     side = SideData(cells, settings, builds_by_class_of(scan.table),
                     _invalid_by_cell(scan.invalid, class_map), scan.dirs, scan.repeats)
+    cancels = records_of(scan, filters)
+    side.residue = residue.residue_by_class(cancels, class_map)
+    side.noise = noise.noise_of(cancels)
     return side, scan.table
 
 
@@ -333,6 +348,8 @@ def run_diff(baseline: list[str | Path], candidate: list[str | Path], spec: Diff
             cells.append(_one_sided(key, base[key], "missing", base_class, spec))
     n_invalid, invalid_notes = attach_invalid(cells, [("baseline", base_side.invalid),
                                                       ("candidate", cand_side.invalid)])
+    for d in cells:
+        attach_residue(d, base_side.residue.get(d.key), cand_side.residue.get(d.key))
     order = {"regressed": 0, "insufficient": 2, "improved": 3, "new": 4, "missing": 5, "unchanged": 6}
     cells.sort(key=lambda d: (order.get(d.verdict, 9), d.key))
     samples = {d.key: (base[d.key].sorted_latency if d.key in base else None,
@@ -342,7 +359,15 @@ def run_diff(baseline: list[str | Path], candidate: list[str | Path], spec: Diff
     return DiffResult(spec, base_side.dirs, cand_side.dirs, cells,
                       sorted(reverse.get(c, c) for c in base_classes - common), sorted(cand_classes - common),
                       samples, [legend] if legend.rows else [], base_side.repeats + cand_side.repeats + invalid_notes,
-                      n_invalid)
+                      n_invalid, noise.compare_noise(base_side.noise, cand_side.noise, spec.noise))
+
+
+def attach_residue(d, base: residue.ResidueCell | None, cand: residue.ResidueCell | None) -> None:
+    """A cell's engine work p50 and CPU-wait share of its residue, each side that has a split."""
+    if base is not None:
+        d.base_work_p50, d.base_wait_share = base.work_p50, base.wait_share
+    if cand is not None:
+        d.cand_work_p50, d.cand_wait_share = cand.work_p50, cand.wait_share
 
 
 # ------------------------------------------------------------- rendering --

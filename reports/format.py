@@ -138,7 +138,7 @@ def to_markdown(report: Report, max_defects: int = 50, limit: int = MARKDOWN_LIM
     secs = sections(report, max_defects)
     compare = [s.sid for s in secs if s.sid.startswith("compare-")]
     # the over-bound list goes first (the per-phase table marks the same cells), the defects last
-    return markdown_document(head, secs, ["builds", "over", "phases", "targeting", "devices", "hops", *reversed(compare),
+    return markdown_document(head, secs, ["builds", "over", "residue", "phases", "targeting", "devices", "hops", *reversed(compare),
                                           "defects"], limit)
 
 
@@ -162,6 +162,7 @@ def report_dict(report: Report) -> dict:
         "datasets": report.dirs,
         "n_records": report.n_records,
         "simulated_engines": report.simulated,
+        "residue": [c.__dict__ for c in report.residue],  # the residue split per cell (reports/residue.py)
         "targeting": [{**t.__dict__, "missed": t.missed} for t in report.targeting],  # non-empty: rows of engines that wait instead of compute
         "bound": {
             "default_ms": spec.bound.default_ms,

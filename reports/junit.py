@@ -199,12 +199,25 @@ def report_to_junit(report: Report) -> str:
     return _document(root)
 
 
+NOISE_SUITE, NOISE_CASE = "host noise", "baseline vs candidate"
+
+
+def noise_failure(check) -> CellFailure | None:
+    """A noisy comparison (reports/noise.py) as a failure of its own, first: a CI job failing on a
+    busy runner says so."""
+    if check is None or not check.flagged:
+        return None
+    return CellFailure(NOISE_SUITE, NOISE_CASE, ["refused" if check.refused else "noisy"], check.line())
+
+
 def diff_failures(result) -> list[CellFailure]:
-    out = []
+    noisy = noise_failure(result.noise)
+    out = [noisy] if noisy is not None else []
+    said = f" (on a noisy comparison: {result.noise.line()})" if noisy is not None else ""
     for d in result.regressed:
         worst = f"; worst candidate trials: {_ids(d.cand_worst_trial_ids)}" if d.cand_worst_trial_ids else ""
         out.append(CellFailure(suite_name(d.workload, d.device_class), case_name(d.mechanism, d.delivery, d.phase),
-                               ["regressed"], "; ".join(d.reasons) + worst, d.cand_dropped + d.cand_lost))
+                               ["regressed"], "; ".join(d.reasons) + worst + said, d.cand_dropped + d.cand_lost))
     return out
 
 
@@ -229,6 +242,12 @@ def diff_to_junit(result) -> str:
                                             (f"{cname} p50_ms", f"{_ms(d.base_p50)}->{_ms(d.cand_p50)}"),
                                             (f"{cname} {pl}_ms", f"{_ms(d.base_value)}->{_ms(d.cand_value)}")])
     root = ET.Element("testsuites", name="cancelbench diff")
+    check = result.noise
+    if check is not None:  # first: whether the two hosts can be compared at all
+        f = failures.get((NOISE_SUITE, NOISE_CASE))
+        facts = [(f"{n} {k}", v) for n, side in zip(check.names, check.sides) for k, v in side.__dict__.items()]
+        _suite(root, NOISE_SUITE, [("cancelbench.diff.noise", NOISE_CASE, ",".join(f.kinds) if f else None,
+                                    f.message if f else None, "", check.line())], facts)
     for sname, cases in sorted(suites.items()):
         _suite(root, sname, cases, [("baseline", ", ".join(result.baseline)),
                                     ("candidate", ", ".join(result.candidate)), *props[sname]])

@@ -340,6 +340,7 @@ class Report:
     targeting: list = field(default_factory=list)  # targeting.Targeting per cell: did cancels land as planned
     references: pd.DataFrame | None = None  # completed reference runs (``load.references_of``), with the samples
     repeats: list[str] = field(default_factory=list)  # datasets named more than once: "B is A (...): counted once"
+    residue: list = field(default_factory=list)  # residue.ResidueCell per cell: the residue split (reports/residue.py)
 
     @property
     def over(self) -> list[CellStats]:

@@ -41,7 +41,7 @@ import numpy as np
 
 from cancelbench.sink import DatasetError, read_manifest
 
-from . import stats
+from . import noise, stats
 from .diff import DiffSpec, _cell_seed, _one_sided, attach_invalid, compare_cell, read_side
 from .load import Filters, distinct_datasets
 from .sections import fmt_ms
@@ -66,6 +66,7 @@ class TrendSpec:
     n_boot: int = 2000
     seed: int = 0
     bound: BoundSpec = BoundSpec()
+    noise: noise.NoiseSpec = noise.NoiseSpec()  # each sweep's host vs the previous one's (reports/noise.py)
 
     def diff_spec(self) -> DiffSpec:
         return DiffSpec(percentile=self.percentile, rel_threshold=self.rel_threshold, confidence=self.confidence,
@@ -145,13 +146,21 @@ class TrendResult:
     samples: dict[tuple, list[np.ndarray | None]] = field(default_factory=dict, repr=False)
     notes: list[str] = field(default_factory=list)  # datasets counted once; invalid records outside every cell
     invalid: int = 0  # invalid records in all sweeps
+    # noise[i]: sweep i's host against sweep i-1's (noise[0] is None); the newest pair's decides
+    noise: list[noise.NoiseCheck | None] = field(default_factory=list)
 
     @property
     def regressed(self) -> list[TrendCell]:
         return [c for c in self.cells if c.regressed]
 
     @property
+    def newest_noise(self) -> noise.NoiseCheck | None:
+        return self.noise[-1] if self.noise else None
+
+    @property
     def exit_code(self) -> int:
+        if self.newest_noise is not None and self.newest_noise.refused:
+            return noise.REFUSED_EXIT
         return 1 if self.regressed or self.invalid else 0
 
 
@@ -305,7 +314,10 @@ def run_trend(dirs: list[str], spec: TrendSpec = TrendSpec(), filters: Filters =
     n_invalid, notes = _attach_invalid(cells, sweeps, loaded)
     order = {True: 0, False: 1}
     cells.sort(key=lambda c: (order[c.regressed], c.first_flag is None, c.key))
-    return TrendResult(spec, sweeps, cells, len(tests), mwu_name, samples, [*map(str, repeats), *notes], n_invalid)
+    checks = [None] + [noise.compare_noise(a.noise, b.noise, spec.noise, (f"sweep {i}", f"sweep {i + 1}"))
+                       for i, (a, b) in enumerate(zip(loaded, loaded[1:]), start=1)]
+    return TrendResult(spec, sweeps, cells, len(tests), mwu_name, samples, [*map(str, repeats), *notes], n_invalid,
+                       checks)
 
 
 def _attach_invalid(cells: list[TrendCell], sweeps: list[SweepInfo], loaded: list) -> tuple[int, list[str]]:

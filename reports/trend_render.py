@@ -87,18 +87,46 @@ def sweeps_section(result: TrendResult) -> Section:
                    ["sweep", "device class", "fact", "value"], rows, sid="sweeps")
 
 
+def noise_section(result: TrendResult) -> Section:
+    """Each sweep's host facts (reports/noise.py) and what differed from the sweep before it."""
+    rows = []
+    for s, check in zip(result.sweeps, result.noise):
+        facts = check.sides[1] if check is not None else (result.noise[1].sides[0] if len(result.noise) > 1 else None)
+        if facts is None:
+            continue
+        show = lambda v, f: "–" if v is None else f(v)  # noqa: E731
+        rows.append([sweep_label(s), str(facts.n), show(facts.wait_share, lambda v: f"{v:.0%}"),
+                     show(facts.load_1m, lambda v: f"{v:.2f}"), show(facts.procs_running, lambda v: f"{v:g}"),
+                     show(facts.steal, lambda v: f"{v:.2f}"), "" if check is None or not check.flagged else check.line()])
+    return Section("Host noise", "per sweep, over its cancel trials with cpu columns: the engine threads' CPU-wait "
+                   "share, median load average and runnable tasks, stolen CPUs; flagged against the sweep before",
+                   ["sweep", "n", "CPU-wait share", "load 1m", "runnable", "steal", "vs the previous sweep"], rows,
+                   key_columns=1, sid="noise")
+
+
+def verdict_word(result: TrendResult) -> str:
+    check = result.newest_noise
+    if check is not None and check.refused:
+        return f"REFUSED: NOISY {' and '.join(check.noisy)}"
+    word = "REGRESSED" if result.regressed or result.invalid else "OK"
+    return f"{word}, NOISY {' and '.join(check.noisy)}" if check is not None and check.flagged else word
+
+
 def trend_headline(result: TrendResult) -> str:
     flagged = [c for c in result.cells if c.first_flag is not None]
     at = sorted({c.first_flag for c in flagged})
     where = ", ".join(sweep_label(result.sweeps[i]) for i in at)
-    return (f"verdict: {'REGRESSED' if result.exit_code else 'OK'} (exit {result.exit_code}) - {len(result.sweeps)} "
+    check = result.newest_noise
+    return (f"verdict: {verdict_word(result)} (exit {result.exit_code}) - "
+            + (f"newest vs previous: {check.line()} - " if check is not None and check.flagged else "")
+            + f"{len(result.sweeps)} "
             f"sweeps, {len(result.cells)} cells; {len(flagged)} cell(s) with a flagged change"
             + (f" (first at {where})" if where else "") + f"; newest vs previous: {len(result.regressed)} regressed")
 
 
 def trend_to_terminal(result: TrendResult) -> str:
     out = ["cancelbench trend", term_safe(trend_headline(result))]
-    for s in (trend_section(result), sweeps_section(result)):
+    for s in (trend_section(result), noise_section(result), sweeps_section(result)):
         out += ["", f"== {term_safe(s.title)} ==", term_safe(s.note)]
         out += render_terminal_table(s) if s.rows else ["(none)"]
     for c in result.regressed:
@@ -107,16 +135,18 @@ def trend_to_terminal(result: TrendResult) -> str:
 
 
 def trend_to_markdown(result: TrendResult, limit: int = MARKDOWN_LIMIT) -> str:
-    head = [f"## cancelbench trend: {'REGRESSED' if result.exit_code else 'OK'}", "", md_safe(trend_headline(result))]
+    head = [f"## cancelbench trend: {verdict_word(result)}", "", md_safe(trend_headline(result))]
     if result.regressed:
         head += [""] + [f"- {md_safe(f'{c.device_class} {cell_label(c)}: ' + '; '.join(c.newest_reasons))}"
                         for c in result.regressed]
-    return markdown_document(head, [trend_section(result), sweeps_section(result)], ["sweeps", "trend"], limit)
+    return markdown_document(head, [trend_section(result), noise_section(result), sweeps_section(result)],
+                             ["sweeps", "noise", "trend"], limit)
 
 
 def trend_dict(result: TrendResult) -> dict:
     return jsonable({
-        "verdict": "regressed" if result.exit_code else "ok",
+        "verdict": "regressed" if result.regressed or result.invalid else "ok",
+        "noise": [c.to_dict() if c is not None else None for c in result.noise],
         "exit_code": result.exit_code,
         "by": result.spec.by,
         "alpha": result.spec.alpha,
@@ -196,18 +226,19 @@ def trend_to_html(result: TrendResult) -> str:
     if n:
         body.append(figure("plot-trend", f"p50 (blue) and {stats.percentile_label(result.spec.percentile)} (red) "
                            f"per sweep with 95% bootstrap bands; circled: a flagged change{cap}", plot_trend(result)))
-    body += [section_html(trend_section(result)), section_html(sweeps_section(result))]
+    body += [section_html(trend_section(result)), section_html(noise_section(result)), section_html(sweeps_section(result))]
     return page("cancelbench trend", body)
 
 
 # ------------------------------------------------------------------------ cli --
 def add_trend_parser(subparsers) -> argparse.ArgumentParser:
-    from .cli import _add_bootstrap, _add_common, _positive, fraction, percentile
+    from .cli import _add_bootstrap, _add_common, _positive, add_noise_options, fraction, percentile
 
     p = subparsers.add_parser(
         "trend", help="one cell's latency across many sweeps (ordered by build, version, date or a column)",
         description="Latency of every cell across sweeps, with the first significant change per cell. Exit 1 "
-                    "when the newest sweep regressed against the previous one, 0 otherwise, 2 on bad input.")
+                    "when the newest sweep regressed against the previous one, 0 otherwise, 2 on bad input, 3 when "
+                    "--refuse-noisy refuses a noisy newest pair.")
     p.add_argument("dirs", nargs="+", metavar="DIR", help="sweep result directories or globs (at least two sweeps)")
     p.add_argument("--by", default="created", metavar="KEY",
                    help="order sweeps by: created (default), given (command-line order), llama_cpp_build, "
@@ -224,6 +255,7 @@ def add_trend_parser(subparsers) -> argparse.ArgumentParser:
                    help="p50 change that counts when significant, as a fraction of the smaller side, either "
                         "way (default 0.10: x1.1 up or down)")
     _add_bootstrap(p, 2000, "for the intervals ")
+    add_noise_options(p)
     _add_common(p)
     p.set_defaults(func=run_trend_cmd)
     return p
@@ -235,7 +267,8 @@ TREND_FILES = ("markdown", "json", "html")
 def run_trend_cmd(args: argparse.Namespace) -> int:
     from cancelbench.outputs import check_outputs
 
-    from .cli import _bootstrap, _bound_spec, _fail, _filters, check_bound_targets, output_options, write_renders
+    from .cli import (_bootstrap, _bound_spec, _fail, _filters, check_bound_targets, noise_spec, output_options,
+                      refuse_line, write_renders)
     from .github import append_step_summary
     from .trend import expand_dirs
 
@@ -243,7 +276,8 @@ def run_trend_cmd(args: argparse.Namespace) -> int:
         dirs = expand_dirs(args.dirs, warn=lambda line: print(f"cancelbench trend: warning: {line}", file=sys.stderr))
         outputs = check_outputs(output_options(args, TREND_FILES), inputs=dirs)
         spec = TrendSpec(by=args.by, percentile=args.percentile, alpha=args.alpha, rel_threshold=args.threshold,
-                         confidence=args.confidence, n_boot=_bootstrap(args), seed=args.seed, bound=_bound_spec(args))
+                         confidence=args.confidence, n_boot=_bootstrap(args), seed=args.seed, bound=_bound_spec(args),
+                         noise=noise_spec(args))
         result = run_trend(dirs, spec, _filters(args))
         check_bound_targets(spec.bound, result.cells)
         renders = {"terminal": trend_to_terminal, "markdown": trend_to_markdown, "json": trend_to_json,
@@ -253,4 +287,5 @@ def run_trend_cmd(args: argparse.Namespace) -> int:
         append_step_summary(lambda limit: trend_to_markdown(result, limit), "trend")
     except (DatasetError, ValueError, OSError) as exc:
         return _fail("trend", exc)
+    refuse_line("trend", result.newest_noise)
     return result.exit_code

@@ -1,0 +1,138 @@
+"""Was one side of a comparison run on a noisier host? ``diff`` (baseline vs candidate) and
+``trend`` (each sweep vs the one before; the newest pair decides) compare, per side, over its
+cancel trials that have the cpu columns (device_agents/cpu_account.py):
+
+* **CPU-wait share**: of the time the engine's threads were runnable between receipt and
+  stop, the share they waited for a CPU: sum(engine_cpu_wait_ms) / sum(engine_cpu_ms +
+  engine_cpu_wait_ms). Every engine has it (in process and external); what a busy host
+  changes first.
+* **load**: the median ``host_loadavg_1m`` (a 1-minute average: slow, so its threshold is
+  wide).
+* **runnable tasks**: the median ``host_procs_running`` (instantaneous, at receipt or stop).
+* **steal**: sum(host_steal_ms) / sum(latency_ms): CPUs taken by the hypervisor, on average,
+  during the residues.
+
+A metric whose sides differ by more than its threshold flags the comparison, naming the side
+with the higher value as the noisy one. A side without cpu columns (records before them, a
+host that cannot read them) is not judged: nothing is flagged on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+COLUMNS = ["latency_ms", "engine_cpu_ms", "engine_cpu_wait_ms", "host_loadavg_1m", "host_procs_running",
+           "host_steal_ms"]
+REFUSED_EXIT = 3  # --refuse-noisy and a noisy comparison
+
+
+@dataclass(frozen=True)
+class NoiseSpec:
+    wait_share: float = 0.10  # absolute difference of the CPU-wait shares (0.10 = 10 points)
+    load: float = 2.0  # difference of the median 1-minute load averages
+    procs: float = 1.5  # difference of the median runnable tasks
+    steal: float = 0.10  # difference of the stolen CPUs during the residues
+    refuse: bool = False  # a flagged comparison is refused (exit REFUSED_EXIT)
+
+
+@dataclass(frozen=True)
+class NoiseFacts:
+    """One side's host facts over its cancel trials with cpu columns (None: not recorded)."""
+
+    n: int = 0
+    wait_share: float | None = None
+    load_1m: float | None = None
+    procs_running: float | None = None
+    steal: float | None = None
+
+
+# (attribute, what it is called, threshold attribute, how a value is shown)
+METRICS = (("wait_share", "CPU-wait share", "wait_share", lambda v: f"{v:.0%}"),
+           ("load_1m", "load average (1 min, median)", "load", lambda v: f"{v:.2f}"),
+           ("procs_running", "runnable tasks (median)", "procs", lambda v: f"{v:g}"),
+           ("steal", "stolen CPUs", "steal", lambda v: f"{v:.2f}"))
+
+
+@dataclass
+class NoiseCheck:
+    """The two sides' facts and every metric beyond its threshold: (noisy side, text)."""
+
+    names: tuple[str, str]
+    sides: tuple[NoiseFacts, NoiseFacts]
+    spec: NoiseSpec
+    reasons: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def flagged(self) -> bool:
+        return bool(self.reasons)
+
+    @property
+    def noisy(self) -> list[str]:
+        """The noisy side(s), in the order of ``names``."""
+        return [n for n in self.names if any(side == n for side, _ in self.reasons)]
+
+    @property
+    def refused(self) -> bool:
+        return self.flagged and self.spec.refuse
+
+    def line(self) -> str:
+        """One sentence: which side was noisy and why, or that neither was."""
+        if not self.flagged:
+            judged = all(s.n for s in self.sides)
+            return ("host noise: within the thresholds" if judged
+                    else "host noise: not judged (a side has no cpu columns)")
+        said = "; ".join(f"{side} noisier: {text}" for side, text in self.reasons)
+        return f"NOISY {' and '.join(self.noisy)}: {said}"
+
+    def to_dict(self) -> dict:
+        return {"flagged": self.flagged, "noisy": self.noisy, "refused": self.refused,
+                "reasons": [{"side": s, "why": t} for s, t in self.reasons],
+                "sides": {n: s.__dict__ for n, s in zip(self.names, self.sides)},
+                "thresholds": {k: v for k, v in self.spec.__dict__.items() if k != "refuse"}}
+
+
+def _col(t: pa.Table, name: str) -> np.ndarray:
+    if name not in t.column_names:
+        return np.full(t.num_rows, np.nan)
+    return t.column(name).to_numpy(zero_copy_only=False).astype(float)
+
+
+def noise_of(table: pa.Table) -> NoiseFacts:
+    """A side's facts over ``table``'s rows that have the engine's CPU accounting."""
+    if "engine_cpu_ms" not in table.column_names or table.num_rows == 0:
+        return NoiseFacts()
+    t = table.filter(pc.fill_null(pc.is_valid(table.column("engine_cpu_ms")), False))
+    if t.num_rows == 0:
+        return NoiseFacts()
+    cpu, wait = _col(t, "engine_cpu_ms"), _col(t, "engine_cpu_wait_ms")
+    ok = np.isfinite(cpu) & np.isfinite(wait)
+    runnable = float(cpu[ok].sum() + wait[ok].sum())
+    median = lambda a: float(np.median(a[np.isfinite(a)])) if np.isfinite(a).any() else None  # noqa: E731
+    steal, lat = _col(t, "host_steal_ms"), _col(t, "latency_ms")
+    ok_s = np.isfinite(steal) & np.isfinite(lat)
+    return NoiseFacts(n=t.num_rows, wait_share=float(wait[ok].sum()) / runnable if runnable > 0 else None,
+                      load_1m=median(_col(t, "host_loadavg_1m")), procs_running=median(_col(t, "host_procs_running")),
+                      steal=float(steal[ok_s].sum() / lat[ok_s].sum()) if ok_s.any() and lat[ok_s].sum() > 0 else None)
+
+
+def compare_noise(base: NoiseFacts, cand: NoiseFacts, spec: NoiseSpec,
+                  names: tuple[str, str] = ("baseline", "candidate")) -> NoiseCheck:
+    check = NoiseCheck(names, (base, cand), spec)
+    for attr, what, limit_attr, show in METRICS:
+        a, b, limit = getattr(base, attr), getattr(cand, attr), getattr(spec, limit_attr)
+        if a is None or b is None or abs(b - a) <= limit:
+            continue
+        noisy, quiet = (names[1], names[0]) if b > a else (names[0], names[1])
+        hi, lo = max(a, b), min(a, b)
+        check.reasons.append((noisy, f"{what} {show(hi)} vs {show(lo)} on the {quiet} "
+                                     f"(differs by more than {show(limit) if attr != 'wait_share' else f'{limit * 100:g} points'})"))
+    return check
+
+
+def refusal_line(command: str, check: NoiseCheck) -> str:
+    return (f"cancelbench {command}: refused: {check.line()}; rerun on a quieter host, or without --refuse-noisy "
+            f"to compare anyway")
