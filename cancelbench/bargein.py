@@ -24,11 +24,16 @@ MIC_RATE = 16000  # the microphone stream: 16 kHz mono
 CHUNK_MS = (10, 32)  # what a capture callback hands over at a time, ms (bounds)
 MAX_BUFFER_MS = 2000.0
 DETECTORS = ("silero", "webrtc")
-NOISE_ONLY = "noise-only"  # the clip column of a trial whose clip holds no user speech
 
 
 class BargeinError(ValueError):
     """A bad [workload.bargein] table (one line)."""
+
+
+# Per detector kind: its frame (ms), its decision setting and the speech it needs before it
+# fires, when the config does not say (device_agents/detectors.py checks every combination).
+DETECTOR_DEFAULTS = {"silero": {"frame_ms": 32, "threshold": 0.5, "min_speech_ms": 64},
+                     "webrtc": {"frame_ms": 30, "webrtc_mode": 2, "min_speech_ms": 90, "warmup_ms": 300}}
 
 
 @dataclass(frozen=True)
@@ -36,10 +41,13 @@ class BargeinSettings:
     """A workload's barge-in settings (``[workload.bargein]``), all recorded per trial."""
 
     detector: str = "silero"  # silero | webrtc (device_agents/detectors.py)
-    threshold: float = 0.5  # silero: speech probability at or above which a frame is speech
     frame_ms: int = 32  # the detector's frame (silero: 32 at 16 kHz; webrtc: 10, 20 or 30)
-    min_speech_ms: int = 64  # consecutive speech before the detector fires
-    webrtc_mode: int | None = None  # webrtc's aggressiveness 0-3 (webrtc only)
+    min_speech_ms: int = 64  # consecutive speech before the detector fires (whole frames)
+    threshold: float | None = 0.5  # silero only: speech probability at or above which a frame is speech
+    webrtc_mode: int | None = None  # webrtc only: its aggressiveness 0-3
+    # frames at a stream's start that adapt the detector but cannot decide (WebRTC VAD calls the
+    # first 90-120 ms of any fresh stream speech: without it, every trial is a false barge-in)
+    warmup_ms: int = 0
     chunk_ms: int = 20  # microphone chunk handed to the detector
     playback_buffer_ms: float = 100.0  # the audio device's buffer (output latency)
     clips: str = "bargein-v1"  # the interruption clip set (datasets/bargein_clips.py)
@@ -48,7 +56,8 @@ class BargeinSettings:
         """The settings' record columns (schema group ``bargein``)."""
         return {"bargein_detector": self.detector, "detector_threshold": self.threshold,
                 "detector_frame_ms": self.frame_ms, "detector_min_speech_ms": self.min_speech_ms,
-                "detector_webrtc_mode": self.webrtc_mode, "mic_chunk_ms": self.chunk_ms,
+                "detector_webrtc_mode": self.webrtc_mode, "detector_warmup_ms": self.warmup_ms,
+                "mic_chunk_ms": self.chunk_ms,
                 "playback_buffer_ms": self.playback_buffer_ms, "bargein_clip_set": self.clips}
 
     def to_json(self) -> dict:
@@ -56,50 +65,46 @@ class BargeinSettings:
 
 
 def parse_settings(raw: object, where: str) -> BargeinSettings:
-    """``[workload.bargein]``: known keys, right types, within bounds; BargeinError otherwise.
-    The detector itself checks its own combination (frame sizes it supports) in
-    ``detector_settings``, also before anything runs."""
+    """``[workload.bargein]``: known keys of the right types, the detector's defaults filled
+    in; BargeinError otherwise. The detector checks its own combination (frames it takes,
+    bounds) in device_agents/detectors.DetectorSettings, also before anything runs."""
     if not isinstance(raw, dict):
         raise BargeinError(f"{where} must be a table, got {raw!r:.80}")
     known = set(BargeinSettings.__dataclass_fields__)
     unknown = sorted(set(raw) - known)
     if unknown:
         raise BargeinError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-    kw = dict(raw)
-    if "detector" in kw and kw["detector"] not in DETECTORS:
-        raise BargeinError(f"{where}.detector must be one of {', '.join(DETECTORS)}, got {kw['detector']!r:.40}")
-    for key, lo, hi in (("frame_ms", 10, 32), ("min_speech_ms", 0, 2000), ("chunk_ms", *CHUNK_MS),
-                        ("webrtc_mode", 0, 3)):
-        if key in kw and (isinstance(kw[key], bool) or not isinstance(kw[key], int) or not lo <= kw[key] <= hi):
-            raise BargeinError(f"{where}.{key} must be an integer in [{lo}, {hi}], got {kw[key]!r:.40}")
-    for key, lo, hi in (("threshold", 0.0, 1.0), ("playback_buffer_ms", 0.0, MAX_BUFFER_MS)):
-        v = kw.get(key)
-        if key in kw and (isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi):
-            raise BargeinError(f"{where}.{key} must be a number in [{lo:g}, {hi:g}], got {v!r:.40}")
-        if key in kw:
-            kw[key] = float(v)
-    if "clips" in kw and (not isinstance(kw["clips"], str) or not kw["clips"]):
+    kind = raw.get("detector", "silero")
+    if kind not in DETECTORS:
+        raise BargeinError(f"{where}.detector must be one of {', '.join(DETECTORS)}, got {kind!r:.40}")
+    defaults = {f.name: f.default for f in BargeinSettings.__dataclass_fields__.values()}
+    kw = {**defaults, "threshold": None, "webrtc_mode": None, **DETECTOR_DEFAULTS[kind], **raw}
+    for key in ("frame_ms", "min_speech_ms", "chunk_ms", "webrtc_mode", "warmup_ms"):
+        if kw[key] is not None and (isinstance(kw[key], bool) or not isinstance(kw[key], int)):
+            raise BargeinError(f"{where}.{key} must be an integer, got {kw[key]!r:.40}")
+    if not CHUNK_MS[0] <= kw["chunk_ms"] <= CHUNK_MS[1]:
+        raise BargeinError(f"{where}.chunk_ms must be in [{CHUNK_MS[0]}, {CHUNK_MS[1]}], got {kw['chunk_ms']}")
+    for key, hi in (("threshold", 1.0), ("playback_buffer_ms", MAX_BUFFER_MS)):
+        v = kw[key]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= hi):
+            raise BargeinError(f"{where}.{key} must be a number in [0, {hi:g}], got {v!r:.40}")
+        kw[key] = None if v is None else float(v)
+    if not isinstance(kw["clips"], str) or not kw["clips"]:
         raise BargeinError(f"{where}.clips must be a clip set name, got {kw['clips']!r:.40}")
-    s = BargeinSettings(**kw)
-    if s.detector == "webrtc" and s.webrtc_mode is None:
-        s = BargeinSettings(**{**asdict(s), "webrtc_mode": 2})
-    if s.detector != "webrtc" and s.webrtc_mode is not None:
-        raise BargeinError(f"{where}.webrtc_mode is a setting of the webrtc detector only")
-    return s
+    return BargeinSettings(**kw)
 
 
 @dataclass(frozen=True)
 class ClipEntry:
-    """One interruption of a clip set: the user's utterance (None: noise only), the noise's
-    level under the speech (SNR, dB) and the assistant's echo level against it (dB)."""
+    """One microphone stream of a clip set (datasets/bargein_clips.py, its ``index``-th): the
+    user's utterance (None: noise only), the noise under the speech (SNR, dB; None: none) and
+    the assistant's echo against it (dB; None: none). ``name`` says all of it."""
 
+    index: int
+    name: str
     user_clip: str | None
-    snr_db: float
-    echo_db: float
-
-    @property
-    def name(self) -> str:
-        return self.user_clip or NOISE_ONLY
+    snr_db: float | None
+    echo_db: float | None
 
 
 @dataclass(frozen=True)

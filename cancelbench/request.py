@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .bargein import BargeinTrial
 from .schema import DELIVERIES, NOT_APPLICABLE
 
 TRIAL_KINDS = ("reference", "cancel")
@@ -43,6 +44,9 @@ class TrialRequest:
     # entries to DeviceAgent.next_phase_entry, so the driver can time its round trip from
     # each (the reach of a cancel anchored there).
     feed_phases: bool = False
+    # Barge-in (delivery "detector"): the microphone's clip and the detector; the planned due time
+    # is the user's speech onset, and the detector issues the cancel (docs/bargein.md).
+    bargein: BargeinTrial | None = None
 
     def __post_init__(self) -> None:
         if self.trial_kind not in TRIAL_KINDS:
@@ -51,6 +55,8 @@ class TrialRequest:
             raise ValueError(f"unknown delivery {self.delivery!r}")
         if self.offset_ms is not None and not (self.offset_ms >= 0):
             raise ValueError(f"offset_ms must be >= 0, got {self.offset_ms!r}")
+        if (self.delivery == "detector") != (self.bargein is not None) and self.trial_kind == "cancel":
+            raise ValueError("a barge-in trial (bargein) and the detector delivery go together")
         if self.anchor_step is not None and (self.anchor_phase is None or self.anchor_step < 1):
             raise ValueError("anchor_step needs anchor_phase and must be >= 1")
 

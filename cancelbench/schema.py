@@ -157,7 +157,7 @@ _FIELDS: list[tuple] = [
     ("offset_phases_json", _STR, "settings", "phase plans: the target phases asked for, JSON (null: every phase the plan can reach)"),
     ("input_id", _STR, "plan", "id of the prompt/clip from datasets/"),
     ("mechanism", _STR, "plan", "between_calls | abort_callback | chunked | graph_eval"),
-    ("delivery", _STR, "plan", "driver (actor call from the driver) | agent (agent-side timer) | none (reference)"),
+    ("delivery", _STR, "plan", "driver (actor call from the driver) | agent (agent-side timer) | detector (barge-in: the detector on the microphone) | none (reference)"),
     ("offset_plan", _STR, "plan", "immediate | uniform | fixed | phase | progress | phase_time | none (reference)"),
     ("offset_fraction", _F64, "plan", "planned offset as a fraction of the reference duration (uniform/phase)"),
     ("target_phase", _STR, "plan", "phase the cancel aims at (phase and progress plans)"),

@@ -21,6 +21,8 @@ SETTINGS_FIELDS: list[tuple] = [
     ("detector_frame_ms", _I32, "settings", "barge-in: the detector's frame, ms"),
     ("detector_min_speech_ms", _I32, "settings", "barge-in: consecutive speech the detector needs before it fires, ms"),
     ("detector_webrtc_mode", _I32, "settings", "barge-in: webrtc's aggressiveness 0-3 (webrtc only)"),
+    ("detector_warmup_ms", _I32, "settings", "barge-in: the stream's first ms, in which the detector adapts but "
+     "cannot fire"),
     ("mic_chunk_ms", _I32, "settings", "barge-in: microphone chunk handed to the detector, ms (16 kHz mono)"),
     ("playback_buffer_ms", _F64, "settings", "barge-in: the audio device's buffer (output latency) of the playback model, ms"),
     ("bargein_clip_set", _STR, "settings", "barge-in: the interruption clip set (datasets/bargein_clips.py)"),
@@ -37,6 +39,8 @@ MEASURED_FIELDS: list[tuple] = [
      "noise-only)"),
     ("t_onset_ns", _I64, "bargein", "agent clock: t_mic_start + onset_sample / 16 kHz, when the user starts talking "
      "(placed at the planned cancel time, t_cancel_scheduled, or the first sample not yet captured)"),
+    ("phase_at_onset", _STR, "bargein", "the engine's phase when the user's speech started (what a barge-in plan "
+     "aims at; the cancel arrives later, phase_at_receipt)"),
     ("detected_sample", _I64, "bargein", "the stream sample at the end of the frame on which the detector fired"),
     ("t_detected_ns", _I64, "bargein", "agent clock: the detector's decision returned (the cancel is issued next, "
      "t_issued_ns, on the same thread)"),

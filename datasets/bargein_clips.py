@@ -238,8 +238,14 @@ def _v1() -> tuple[ClipSetEntry, ...]:
     return tuple(out)
 
 
+def _ci() -> tuple[ClipSetEntry, ...]:
+    # make test's small barge-in sweep: three clean interruptions, then one noise-only stream
+    return tuple(ClipSetEntry(u, 20.0, -20.0, ASSISTANT_CLIPS[i % 2]) for i, u in enumerate(USER_CLIPS[:3])) + (
+        ClipSetEntry(None, 20.0, -20.0, ASSISTANT_CLIPS[0]),)
+
+
 # One home for the named sets: a set's name in a config resolves here.
-CLIP_SETS: dict[str, tuple[ClipSetEntry, ...]] = {"bargein-v1": _v1()}
+CLIP_SETS: dict[str, tuple[ClipSetEntry, ...]] = {"bargein-v1": _v1(), "bargein-ci": _ci()}
 
 
 def clip_set(name: str) -> tuple[ClipSetEntry, ...]:

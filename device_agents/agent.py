@@ -1,10 +1,9 @@
 """The device agent: one per (node, device), a Ray actor with two concurrency
 groups so ``cancel()`` is served while ``run_trial()`` is inside native code.
 
-The class is plain Python (usable without Ray, e.g. in benchmarks); Ray wraps
-it with :func:`remote_agent_class`. The driver imports this module only to
-name the actor class: native code and engines are imported where the agent
-runs (``__init__`` and the trial methods), never at module import.
+The class is plain Python (usable without Ray, e.g. in benchmarks); Ray wraps it with
+:func:`remote_agent_class`. The driver imports this module only to name the actor class:
+native code and engines are imported where the agent runs, never at module import.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from pathlib import Path
 
 import ray
 
-from cancelbench import failpoints
 from cancelbench.request import TrialRequest
 from cancelbench.schema import TrialRecord, agent_half, columns_of
 
@@ -225,16 +223,20 @@ class DeviceAgent:
         merges it with its own and classifies the outcome)."""
         from cancelbench import native
 
-        from .engines.base import CancelControl, Progress
+        from .engines.base import CancelControl, Progress, step_stretch
 
+        trial_id, scheduled = request.trial_id, {}
+        # a barge-in's microphone and detector are made ready before the hand-back
+        bargein = _bargein(request, lambda t: self._fire(trial_id, None, scheduled, t))
         t_handback = native.now_ns()
-        trial_id = request.trial_id
         ctl = CancelControl(self.token, Progress(step_calls=self._step_calls))
         watch = AnchorWatch(request, t_handback) if request.has_cancel else None
         feed = PhaseFeed() if request.feed_phases and watch is None else None
         if watch is not None or feed is not None:
             ctl.progress.listener = watch or feed
-        ctl.step_delay = _stretch(failpoints.step_delay(trial_id))  # a test's injected variance; None in real runs
+        if bargein is not None:
+            bargein.attach(ctl.progress)
+        ctl.step_delay = step_stretch(trial_id)  # a test's injected variance; None in real runs
         ctl.cpu = cpu_account.Window(os.getpid())  # an external engine watches its own process (engines/external.py)
         with self._changed:
             self.token.reset()
@@ -249,36 +251,54 @@ class DeviceAgent:
             self._changed.notify_all()
         if latched_ns is not None:
             ctl.request(latched_ns)
-        scheduled: dict = {}
         if watch is not None and request.delivery == "agent":
             watch.start_timer(lambda due: self._fire(trial_id, due, scheduled), _sleep_until)
+        elif bargein is not None and watch is not None:  # the plan's due time is the user's onset
+            bargein.start()
+            watch.start_timer(bargein.onset_due, _sleep_until)
         try:
             columns = self._run_engine(request, ctl)
         finally:
+            if bargein is not None:
+                bargein.finish()
             if watch is not None:
                 watch.finish()
             if feed is not None:
                 feed.finish()
-            with self._changed:
-                self._current = None
-                self._finished[trial_id] = native.now_ns()
-                while len(self._finished) > 4096:
-                    self._finished.popitem(last=False)
-                while len(self._watches) > 4096:  # never asked for (a driver that went away)
-                    self._watches.popitem(last=False)
-                self._changed.notify_all()
+            self._ended(trial_id)
         columns.update(scheduled)
         if watch is not None:
             columns["t_anchor_ns"] = watch.t_anchor_ns
-            if request.delivery == "agent":  # due, whether or not the trial was still running then
+            if request.delivery != "driver":  # due, whether or not the trial was still running then
                 columns.setdefault("t_cancel_scheduled_ns", watch.due_ns)
+        return agent_half(trial_id=trial_id, t_handback_ns=t_handback, model_sha256=self._model_sha256,
+                          **self._trial_columns(ctl, columns, bargein))
+
+    def _ended(self, trial_id: str) -> None:
+        """The trial is over: no longer current, remembered as finished (a bounded memory)."""
+        from cancelbench import native
+
+        with self._changed:
+            self._current = None
+            self._finished[trial_id] = native.now_ns()
+            while len(self._finished) > 4096:
+                self._finished.popitem(last=False)
+            while len(self._watches) > 4096:  # never asked for (a driver that went away)
+                self._watches.popitem(last=False)
+            self._changed.notify_all()
+
+    def _trial_columns(self, ctl, columns: dict, bargein) -> dict:
+        """The trial's columns with the cancel's receipt, a barge-in's hops, the host, the
+        engine's declaration and the cpu account."""
         if ctl.received_ns is not None:
             columns.update(ctl.at_receipt, t_received_ns=ctl.received_ns,
                            t_native_returned_ns=ctl.native_returned_ns,
                            t_native_observed_ns=ctl.token.seen_ns or None)  # the token the engine armed
-        columns = {"abort_polls": ctl.token.polls, **self._meta_columns(), **columns, **self._engine_columns(),
-                   **ctl.cpu.columns()}
-        return agent_half(trial_id=trial_id, t_handback_ns=t_handback, model_sha256=self._model_sha256, **columns)
+        if bargein is not None:
+            columns.update(bargein.columns(getattr(self._engine, "sample_rate", None), columns.get("t_terminal_ns"),
+                                           columns.get("outcome") == "cancelled"))
+        return {"abort_polls": ctl.token.polls, **self._meta_columns(), **columns, **self._engine_columns(),
+                **ctl.cpu.columns()}
 
     def _engine_columns(self) -> dict:
         """Who the engine is (its declaration); an out-of-process engine adds its own stamps,
@@ -292,12 +312,15 @@ class DeviceAgent:
         decl = DECLARATIONS.get(engine.kind)
         return {} if decl is None else {"engine_name": decl.name, "engine_version": decl.version}
 
-    def _fire(self, trial_id: str, due_ns: int, scheduled: dict) -> None:
-        """Agent delivery: the timer thread issues the cancel (its due time recorded)."""
+    def _fire(self, trial_id: str, due_ns: int | None, scheduled: dict, issued: int | None = None) -> None:
+        """Agent delivery: the timer thread issues the cancel (its due time recorded); detector
+        delivery: the microphone thread, when its detector fired (``issued``; no due time)."""
         from cancelbench import native
 
-        issued = native.now_ns()
-        scheduled.update(t_cancel_scheduled_ns=due_ns, t_issued_ns=issued)
+        issued = native.now_ns() if issued is None else issued
+        scheduled.update(t_issued_ns=issued)
+        if due_ns is not None:
+            scheduled["t_cancel_scheduled_ns"] = due_ns
         self._deliver(trial_id, issued)
 
     @property
@@ -346,25 +369,10 @@ class DeviceAgent:
             self._engine = None
 
 
-def _stretch(factor: float | None):
-    """The failpoint's step delay (cancelbench.failpoints.step_delay): called inside each step call
-    with its start (agent ns), it makes the call last ``factor`` times as long; None: no delay."""
-    if factor is None:
-        return None
-    from cancelbench import native
-
-    never_set = native.CancelToken()
-
-    def stretch(t_start_ns: int) -> None:
-        # Busy in native code, through ctypes, so the GIL is free as it is in the engine's own
-        # native calls. A Python busy loop held it: the agent's anchor reply and cancel threads
-        # then waited for the interpreter's 5 ms switch interval, an event hop no real engine
-        # causes, and driver-delivered cancels missed phases they reach in real runs.
-        extra_us = int((factor - 1.0) * (native.now_ns() - t_start_ns) / 1e3)
-        if extra_us > 0:
-            native.probe_busy(never_set, extra_us, extra_us)
-
-    return stretch
+def _bargein(request: TrialRequest, deliver):
+    """A barge-in trial's session (device_agents/bargein_run.py); None for every other trial."""
+    from .bargein_run import BargeinSession
+    return None if request.bargein is None else BargeinSession(request.bargein, deliver)
 
 
 def _resolve_input(request: TrialRequest) -> TrialRequest:

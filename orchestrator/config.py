@@ -14,6 +14,7 @@ from cancelbench.device_agents.engines.registry import BACKENDS, EXTERNAL, MAX_S
 from cancelbench.inputs import MAX_CONFIG_BYTES, load_toml, safe_component
 from cancelbench.schema import DELIVERIES, SETTINGS_COLUMNS
 
+from .bargein_config import DETECTOR, check_deliveries
 from .checks import ConfigError, check_int, check_names, table_of
 from .offsets import (ANCHORED_PLANS, MAX_OFFSET_MS, MAX_TRIALS_PER_CELL, OFFSET_PLANS, PHASE_PLANS,  # noqa: F401
                       OffsetSpec, parse_offsets)
@@ -74,6 +75,8 @@ def trial_settings(config: SweepConfig, workload: WorkloadSpec, trial_kind: str,
     """Every settings column of one trial: the config's values, the offset plan's
     parameters and the engine's effective values (``described``, from load)."""
     cols = {**workload.settings_columns(), **config.offset_settings(trial_kind)}
+    if workload.bargein is not None:
+        cols.update(workload.bargein.columns())
     cols.update({k: v for k, v in described.items() if k in SETTINGS_COLUMNS and k not in cols})
     if workload.engine == EXTERNAL:  # a built-in engine's settings are typed columns of their own
         effective = {**workload.resolved_settings(), **(described.get("engine_settings") or {})}
@@ -180,6 +183,9 @@ def parse_config(data: dict, declare=None) -> SweepConfig:
     parts = [safe_component(n) for n in names]  # trial ids: injective by construction, checked anyway
     if len(set(parts)) != len(parts):
         raise ConfigError(f"workload names {names} give the same trial-id part; rename one")
+    if "deliveries" not in kw and all(w.bargein is not None for w in workloads):
+        kw["deliveries"] = (DETECTOR,)  # a barge-in sweep: the detector issues its cancels
+    check_deliveries(kw.get("deliveries", SweepConfig.deliveries), workloads)
     config = check_plan_size(SweepConfig(offsets=parse_offsets(data), devices=_devices(data), workloads=workloads, **kw))
     if config.devices.sim_per_host:
         real = [w.name for w in config.workloads if not w.spec.simulated]

@@ -6,16 +6,15 @@ loop only reacts to what Ray reports. Driver-delivered cancels are fired by
 one timer thread (``cancel_timer.CancelTimer``), never by the loop, so a loop
 busy with other devices' records does not make a cancel late.
 
-Per trial: the :class:`~cancelbench.request.TrialRequest` sent to the agent,
-the driver's half of the record (identity, settings, plan), the offset
-resolved on this device's own reference run, the real driver -> agent cancel
-hop, the agent's half merged in and the row finalized (``cancelbench.schema``).
+Per trial: the :class:`~cancelbench.request.TrialRequest` sent to the agent, the driver's
+half of the record, the offset resolved on this device's own reference run, the real driver
+-> agent cancel hop, the agent's half merged in and the row finalized (``cancelbench.schema``).
 An agent that dies mid-trial gives one ``lost`` row; Ray restarts it and the
 device goes on; a node that is gone leaves the rest ``not_run``.
 
-Offsets run from one origin for both deliveries: the agent's hand-back (or the
-engine event a plan anchors to). A driver-delivered cancel waits for that event
-(``agent.anchor``), converts event + delay to the driver clock and fires then.
+Offsets run from one origin for every delivery: the agent's hand-back (or the engine event a
+plan anchors to). A driver-delivered cancel waits for that event (``agent.anchor``), converts
+event + delay to the driver clock and fires then.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ import ray
 from cancelbench.request import TrialRequest
 from cancelbench.schema import TrialRecord, driver_half, finalize, merge
 
+from .bargein_config import DETECTOR, trial_bargein
 from .cancel_timer import CancelTimer
 from .clock import ClockOffset, driver_now_ns, estimate_offset_async
 from .cluster import DeviceSlot
@@ -180,15 +180,15 @@ class DeviceRun:
 
     def _request(self, trial: TrialSpec, at: Resolved | None, feed_phases: bool = False) -> TrialRequest:
         """The typed request for the agent (the input resolved from the corpus)."""
-        item = self.sweep.inputs[trial.workload][trial.input_id]
+        item, wl = self.sweep.inputs[trial.workload][trial.input_id], self.workloads[trial.workload]
         wav_out = None
-        if trial.trial_kind == "reference" and self.workloads[trial.workload].spec.keeps_audio:
-            # An uncancelled synthesis is kept so a person can listen to it.
+        if trial.trial_kind == "reference" and wl.spec.keeps_audio:  # kept so a person can listen to it
             wav_out = str((self.sweep.out_dir / "audio" / f"{trial.trial_id}.wav").resolve())
         return TrialRequest(
             trial_id=trial.trial_id, trial_kind=trial.trial_kind, mechanism=trial.mechanism,
             delivery=trial.delivery, input_id=trial.input_id, input=item.get("wav") or item.get("text", ""),
             lang=item.get("lang"), wav_out=wav_out, feed_phases=feed_phases,
+            bargein=trial_bargein(wl.bargein, trial.trial_id, trial.delivery, self.sweep.config.seed),
             **({} if at is None else dict(offset_ms=at.offset_ms, anchor_phase=at.anchor_phase,
                                          anchor_step=at.anchor_step, step_fraction=at.step_fraction,
                                          anchor_ref_ms=at.anchor_ref_ms)))
@@ -256,11 +256,11 @@ class DeviceRun:
                 waited = max(0, issue["t_cancel_scheduled_ns"] - issue["t_anchor_seen_ns"])
                 self.reach_samples_ns["driver", trial.workload, at.anchor_phase].append(
                     received_ns - record.t_anchor_ns - waited)
-        if trial.delivery == "agent":
-            record.clock_uncertainty_ns = 0  # issued on the agent's own clock
-            if record.t_issued_ns is not None and record.t_cancel_scheduled_ns is not None:
-                self.reach_samples_ns["agent", trial.workload].append(
-                    max(0, record.t_issued_ns - record.t_cancel_scheduled_ns))
+        if trial.delivery in ("agent", DETECTOR):  # issued on the agent's own clock; its timer's lateness
+            record.clock_uncertainty_ns = 0  # (a barge-in's: placing the onset) is agent delivery's reach
+            placed = record.t_onset_ns if trial.delivery == DETECTOR else record.t_issued_ns
+            if placed is not None and record.t_cancel_scheduled_ns is not None:
+                self.reach_samples_ns["agent", trial.workload].append(max(0, placed - record.t_cancel_scheduled_ns))
         row = finalize(record)
         if trial.trial_kind == "reference":
             self.refs[(trial.workload, trial.mechanism)].append(row)

@@ -12,10 +12,12 @@ import dataclasses
 from dataclasses import field
 from pathlib import Path
 
+from cancelbench.bargein import BargeinSettings
 from cancelbench.device_agents.engines.registry import BACKENDS, ENGINES, EXTERNAL, EngineSpec, external_spec
 from cancelbench.inputs import expect_choice, expect_name
 from cancelbench.sut.declaration import Declaration, SettingError
 
+from .bargein_config import check_bargein
 from .checks import ConfigError, check_names, check_number
 
 # Every built-in engine's settings, once each (cancelbench.sut.declaration.Setting); a name two
@@ -27,7 +29,7 @@ for _spec in ENGINES.values():
 # Keys of an external workload (besides the common ones): how to start the engine.
 EXTERNAL_KEYS = ("command", "cwd", "env", "startup_timeout_s", "answer_timeout_s", "settings")
 MAX_STARTUP_S, MAX_ANSWER_S = 600.0, 3600.0
-_COMMON_KEYS = ("name", "engine", "model", "mmproj", "lock", "inputs", "backends")
+_COMMON_KEYS = ("name", "engine", "model", "mmproj", "lock", "inputs", "backends", "bargein")
 
 
 class _WorkloadBase:
@@ -82,6 +84,7 @@ def _workload_fields() -> list:
               ("mmproj", str | None, field(default=None)), ("lock", str | None, field(default=None)),
               ("inputs", str, field(default="text_prompts")),  # corpus name in datasets/corpora/
               ("backends", tuple, field(default=())),  # run only on devices of these backends (empty: all)
+              ("bargein", BargeinSettings | None, field(default=None)),  # [workload.bargein] (docs/bargein.md)
               # external engines (docs/sut-protocol.md)
               ("command", tuple, field(default=())), ("cwd", str | None, field(default=None)),
               ("env", tuple, field(default=())),  # (name, value) pairs
@@ -121,6 +124,8 @@ def parse_workload(raw: dict, i: int, declare=None) -> WorkloadSpec:
             raise ConfigError(f"{where}.{key} must be a non-empty string, got {kwargs[key]!r}")
     if "backends" in kwargs:
         kwargs["backends"] = check_names(kwargs["backends"], f"{where}.backends", BACKENDS)
+    if "bargein" in kwargs:
+        kwargs["bargein"] = check_bargein(kwargs["bargein"], engine, f"{where}.bargein")
     if external:
         kwargs.setdefault("model", None)
         kwargs.update(_external_keys(raw, where))

@@ -14,6 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
+from .bargein import COLUMNS as BARGEIN_COLUMNS
+from .bargein import bargein_of
 from .legend import BUILD_COLUMNS, attach_builds, builds_of
 from .residue import COLUMNS as RESIDUE_COLUMNS
 from .residue import residue_of
@@ -25,7 +27,7 @@ from .tables import (DEFECT_COLUMNS, Report, ReportSpec, aggregate_cells, aggreg
                      device_infos)
 
 # Everything a report derives besides the cells (Ray reads the cells' columns itself).
-SIDE_COLUMNS = list(dict.fromkeys([*DEFECT_COLUMNS, "engine", *TARGETING_COLUMNS, *BUILD_COLUMNS]))
+SIDE_COLUMNS = list(dict.fromkeys([*DEFECT_COLUMNS, "engine", *TARGETING_COLUMNS, *BUILD_COLUMNS, *BARGEIN_COLUMNS]))
 PLOT_COLUMNS = list(dict.fromkeys([*PLOT_SOURCE_COLUMNS, *REFERENCE_COLUMNS]))
 SIDE_COLUMNS += [c for c in RESIDUE_COLUMNS if c not in SIDE_COLUMNS]  # the residue split
 
@@ -78,6 +80,7 @@ def build_report(dirs: list[str | Path], spec: ReportSpec = ReportSpec(), filter
     report.simulated = simulated_of(rows(["engine"]))
     report.targeting = targeting_of(rows(TARGETING_COLUMNS))
     report.residue = residue_of(rows(RESIDUE_COLUMNS))
+    report.bargein = bargein_of(rows(BARGEIN_COLUMNS))
     report.repeats = scan.repeats
     if with_samples:
         report.samples = samples_of(rows(PLOT_SOURCE_COLUMNS))

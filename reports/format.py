@@ -162,6 +162,8 @@ def report_dict(report: Report) -> dict:
         "datasets": report.dirs,
         "n_records": report.n_records,
         "simulated_engines": report.simulated,
+        "bargein": {"cells": [c.__dict__ for c in report.bargein[0]],
+                    "stops_by_phase": [p.__dict__ for p in report.bargein[1]]},
         "residue": [c.__dict__ for c in report.residue],  # the residue split per cell (reports/residue.py)
         "targeting": [{**t.__dict__, "missed": t.missed} for t in report.targeting],  # non-empty: rows of engines that wait instead of compute
         "bound": {

@@ -146,6 +146,20 @@ def report_figures(report: Report, samples: pd.DataFrame, refs: pd.DataFrame | N
     return out
 
 
+def bargein_first(report: Report, rest: list) -> list[str]:
+    """A barge-in sweep's section and its picture open the page (taken out of ``rest``)."""
+    from .bargein import plot_bargein
+
+    cells = report.bargein[0]
+    if not cells:
+        return []
+    first = [s for s in rest if s.sid.startswith("bargein")]
+    rest[:] = [s for s in rest if not s.sid.startswith("bargein")]
+    shown = f" (first 24 of {len(cells)})" if len(cells) > 24 else ""
+    return [section_html(first[0]), figure("plot-bargein", f"Barge-in: median hops from the user's first word to "
+                                           f"silence{shown}", plot_bargein(cells)), *map(section_html, first[1:])]
+
+
 def to_html(report: Report, samples: pd.DataFrame, refs: pd.DataFrame | None = None, max_defects: int = 200) -> str:
     """The report page.  ``samples`` comes from ``load.load_plot_samples``,
     ``refs`` (phase bands, phase durations) from ``load.load_references``."""
@@ -156,6 +170,7 @@ def to_html(report: Report, samples: pd.DataFrame, refs: pd.DataFrame | None = N
         "<h1>cancelbench report</h1>",
         f'<p id="verdict" class="verdict-{esc(report.verdict)}">{esc(headline(report))}</p>',
         '<p class="meta">Datasets: ' + ", ".join(f"<code>{esc(d)}</code>" for d in report.dirs) + "</p>",
+        *bargein_first(report, rest),
         *(section_html(s) for s in compare),
         *report_figures(report, samples, refs),
         *(section_html(s) for s in rest),

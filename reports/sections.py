@@ -14,6 +14,7 @@ from __future__ import annotations
 
 
 from . import stats
+from .bargein import bargein_sections
 from .residue import residue_section
 from .section import Section
 from .tables import HOPS, INVALID, CellStats, Report
@@ -232,7 +233,8 @@ def builds_section(devices) -> Section:
 def sections(report: Report, max_defects: int = 50) -> list[Section]:
     """Headline tables first: the comparison, then what failed, then detail."""
 
-    return [*comparison_sections(report), defects_section(report, max_defects), over_section(report),
+    return [*bargein_sections(*report.bargein), *comparison_sections(report), defects_section(report, max_defects),
+            over_section(report),
             detail_section(report), *(r for r in [residue_section(report.residue)] if r),
             *(t for t in [targeting_section(report.targeting)] if t),
             hops_section(report), devices_section(report),

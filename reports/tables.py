@@ -341,6 +341,7 @@ class Report:
     references: pd.DataFrame | None = None  # completed reference runs (``load.references_of``), with the samples
     repeats: list[str] = field(default_factory=list)  # datasets named more than once: "B is A (...): counted once"
     residue: list = field(default_factory=list)  # residue.ResidueCell per cell: the residue split (reports/residue.py)
+    bargein: tuple = ([], [])  # barge-in sweeps: (cells, per-phase stops), reports/bargein.py
 
     @property
     def over(self) -> list[CellStats]:

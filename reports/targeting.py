@@ -25,7 +25,7 @@ from .section import Section
 
 TARGET_SHARE = 0.90  # below this a phase-aiming cell is reported as missing its target
 COLUMNS = ["workload", "host", "backend", "device", "mechanism", "delivery", "offset_plan", "target_phase",
-           "phase_at_receipt", "native_call_at_receipt", "t_received_ns", "target_reachable"]
+           "phase_at_receipt", "native_call_at_receipt", "t_received_ns", "target_reachable", "phase_at_onset"]
 KEYS = ["workload", "device_key", "mechanism", "delivery", "offset_plan"]
 
 
@@ -61,7 +61,9 @@ def targeting_of(table: pa.Table) -> list[Targeting]:
     t = table.select(COLUMNS)
     label = lambda name: pc.fill_null(t.column(name).cast(pa.string()), "nan")  # noqa: E731 (a null key)
     as_int = lambda mask: pc.cast(pc.fill_null(mask, False), pa.int64())  # noqa: E731
-    in_phase = pc.fill_null(pc.equal(t.column("phase_at_receipt"), t.column("target_phase")), False)
+    # a barge-in aims its onset (the user starts talking) at the phase; the detector's cancel comes later
+    landed = pc.coalesce(t.column("phase_at_onset"), t.column("phase_at_receipt"))
+    in_phase = pc.fill_null(pc.equal(landed, t.column("target_phase")), False)
     # null (records from before the column, time plans): reachable
     far = pc.fill_null(pc.equal(t.column("target_reachable"), False), False)
     near = pc.invert(far)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, TypeVar
 
-from cancelbench import native
+from cancelbench import failpoints, native
 
 T = TypeVar("T")
 
@@ -71,6 +71,13 @@ class Progress:
     step_calls: frozenset[str] = frozenset()  # the engine's step calls (registry.EngineSpec.step_calls)
     steps: dict[str, int] = field(default_factory=dict)  # phase -> step calls started
     step_min_ns: dict[str, int] = field(default_factory=dict)  # phase -> shortest step call
+    # Audio engines: called with the samples handed over so far and the time, each time the
+    # engine has more audio a player could take (barge-in's playback model, bargein_run.py).
+    audio_listener: Callable[[int, int], None] | None = None
+
+    def hand_audio(self, total_samples: int) -> None:
+        if self.audio_listener is not None:
+            self.audio_listener(total_samples, native.now_ns())
 
     def step_ms(self) -> dict[str, float]:
         """The shortest step call of each phase, ms."""
@@ -324,3 +331,23 @@ def release(owner: object, *handles: tuple[str, Callable[[object], object]]) -> 
         if handle:
             free(handle)
             setattr(owner, attr, None)
+
+
+def step_stretch(trial_id: str):
+    """The agent's step delay of this trial (cancelbench.failpoints.step_delay): called inside each
+    step call with its start (agent ns), it makes the call last ``factor`` times as long; None: none."""
+    factor = failpoints.step_delay(trial_id)
+    if factor is None:
+        return None
+    never_set = native.CancelToken()
+
+    def stretch(t_start_ns: int) -> None:
+        # Busy in native code, through ctypes, so the GIL is free as it is in the engine's own
+        # native calls. A Python busy loop held it: the agent's anchor reply and cancel threads
+        # then waited for the interpreter's 5 ms switch interval, an event hop no real engine
+        # causes, and driver-delivered cancels missed phases they reach in real runs.
+        extra_us = int((factor - 1.0) * (native.now_ns() - t_start_ns) / 1e3)
+        if extra_us > 0:
+            native.probe_busy(never_set, extra_us, extra_us)
+
+    return stretch

@@ -284,6 +284,8 @@ class TtsEngine(LlamaEngine):
                              "frames": st.frames, "code2wav": window, "ms": dt,
                              "polls": ctl.token.polls - polls0})
             h_state = h_out
+            if window:  # the window's audio is out: a streaming app plays it now
+                progress.hand_audio(st.frames * self.samples_per_frame)
             if st.frames >= st.max_frames:
                 return
             clock.enter("generate")
@@ -307,6 +309,7 @@ class TtsEngine(LlamaEngine):
                              "final": True})
         if rc != 0:
             raise RuntimeError(f"get_output failed ({rc})")
+        st.ctl.progress.hand_audio(int(ns.value))
         clock.enter("output")
         st.pcm = np.frombuffer(ctypes.string_at(data, n_bytes.value), dtype=np.float32).copy()
         st.n_samples = int(ns.value)
