@@ -1,10 +1,58 @@
 """The ``cpu`` column group of the trial record (cancelbench/schema.py lists it with
 ``*CPU_FIELDS``): where the engine's time went between the cancel's receipt and its stop,
-filled by the agent (device_agents/cpu_account.py). Its own module to keep schema.py short.
+filled by the agent (device_agents/cpu_account.py, Linux; elsewhere the columns are null and
+``cpu_account_source`` says why).
 
-The split of the wall-clock residue (``latency_ms``) into engine work, CPU wait and the rest
-is computed by the readers from ``trial_cpu_ms``, ``trial_cpu_wait_ms`` and ``latency_ms``
-(reports/residue.py, ``split``), so a record keeps the raw readings."""
+The cpu group: sources and clocks
+---------------------------------
+* ``engine_cpu_ms``: the engine process's CPU clock (``clock_getcpuclockid``), every thread.
+  ``engine_cpu_wait_ms``: each thread's ``/proc/<pid>/task/<tid>/schedstat`` run delay, summed.
+  Both are read in a *receipt snapshot* (on the cancel's thread, after the cancel was set) and a
+  *terminal snapshot* (on the engine's thread after ``t_terminal``), and diffed.
+* ``trial_cpu_ms``, ``trial_cpu_wait_ms``: the *trial thread* alone (the agent thread that runs
+  the engine's native calls and reaches the terminal state): its thread CPU clock
+  (``pthread_getcpuclockid``, up to date, also while it runs) and its schedstat run delay, read
+  first at the receipt (under the cancel's lock, right after the token is set: so before the
+  terminal read, whatever the race) and first at the terminal state (on that thread).
+  ``cpu_window_ms`` is the span of those two reads on the agent's monotonic clock
+  (CLOCK_MONOTONIC, the clock of every ``t_*_ns``).
+* ``trial_run_cpu_ms``, ``trial_run_wait_ms``: the same thread over the whole trial (every
+  trial, references too), for comparing hosts between sweeps.
+* ``host_*``: ``/proc/loadavg``, ``/proc/stat`` (steal, USER_HZ ticks) and cpufreq.
+
+The residue split
+-----------------
+The wall-clock residue of a cancelled trial is ``latency_ms`` (t_terminal - t_received). The
+report and ``diff`` split it per trial (reports/residue.py)::
+
+    work = min(trial_cpu_ms, latency_ms)               engine work: the trial thread on a CPU
+    wait = min(trial_cpu_wait_ms, latency_ms - work)   CPU wait: it was runnable, waiting for a CPU
+    rest = latency_ms - work - wait                    neither: blocked (the GIL, a lock, a futex
+                                                       or barrier sleep, I/O), and the reads' edge
+
+so ``work + wait + rest == latency_ms`` per trial, each term >= 0. A thread's wall time is
+spent on a CPU, waiting for one, or blocked, so the three are what the thread the stop waits
+for did meanwhile. Summed CPU of all threads is not used: llama.cpp runs ``n_threads`` compute
+threads whose CPU can exceed the wall time.
+
+Limits: (1) the reads cover ``cpu_window_ms``, not exactly ``latency_ms``: the receipt read
+follows ``t_received`` by the cancel's lock and the token set (``latency_ms - cpu_window_ms``,
+microseconds on an idle host; more if the cancel's thread is preempted in between), and the
+terminal read follows ``t_terminal`` by a few microseconds. (2) schedstat adds a wait when it
+ends, so a wait in progress at the receipt read is counted whole, its part before the receipt
+included: ``trial_cpu_wait_ms`` can exceed ``cpu_window_ms``, hence the cap. (3) With
+``n_threads > 1`` the trial thread is one of llama.cpp's compute threads: its work includes
+spinning at ggml's barrier for a peer, so a preempted peer shows as *work* here (and as wait in
+``engine_cpu_wait_ms``); with one thread the split is the engine's own. (4) External engines:
+the agent does not know their trial thread, so they have no split (their process-wide columns
+are filled).
+
+The receipt snapshot's cost (``cpu_snapshot_us``, on the cancel's thread, after the cancel was
+set) is the trial thread's read (a clock read and a ``pread``, a few microseconds) plus the
+process's: its CPU clock, one ``getrusage`` for the involuntary switches of every thread (in
+process; an external engine's threads' ``status`` files instead), every thread's schedstat,
+``/proc/loadavg`` and ``/proc/stat``.
+"""
 
 from __future__ import annotations
 
@@ -49,6 +97,12 @@ CPU_FIELDS: list[tuple] = [
     ("cpu_window_ms", _F64, "cpu", "the span of those two reads on the agent's monotonic clock, ms: what "
      "trial_cpu_ms and trial_cpu_wait_ms cover; latency_ms - cpu_window_ms is the part of the wall-clock "
      "residue they miss (the cancel's lock and token set before the receipt read)"),
+    ("trial_run_cpu_ms", _F64, "cpu", "the trial thread's CPU time over the whole trial, every trial (references too): "
+     "from run_trial entered to the record's columns taken right after the engine's run, ms (its thread CPU clock; "
+     "in-process engines only)"),
+    ("trial_run_wait_ms", _F64, "cpu", "the trial thread's run delay (schedstat) over the same span, ms: with "
+     "trial_run_cpu_ms, how much of its runnable time the engine's thread waited for a CPU over a whole sweep "
+     "(diff and trend compare it between sweeps: reports/noise.py)"),
     ("cpu_account_source", _STR, "cpu", "where the cpu columns come from: schedstat | unavailable: <why> (macOS, a "
      "kernel without CONFIG_SCHED_INFO, the engine process gone); null when no cancel was received"),
 ]

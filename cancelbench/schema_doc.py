@@ -52,6 +52,13 @@ def _fields() -> list[tuple[str, str, str, str, str]]:
     return [(c.name, str(c.type), c.group, c.owner, c.doc) for c in schema.FIELDS]
 
 
+def _cpu_body() -> str:
+    """cancelbench/schema_cpu.py's docstring below its first paragraph (the split, its sources, its limits)."""
+    from cancelbench import schema_cpu
+
+    return (schema_cpu.__doc__ or "").strip().split("\n\n", 1)[1]
+
+
 def schema_markdown() -> str:
     """The whole of docs/schema.md."""
     doc = (schema.__doc__ or "").strip()
@@ -81,6 +88,7 @@ def schema_markdown() -> str:
         + ". They live in the directory names, not inside the Parquet files; their values are sanitized "
         "to `[A-Za-z0-9._-]` (`hostname` keeps the raw host name).",
         _markdown(body),
+        _markdown(_cpu_body()),
         "## Columns",
         "Every column belongs to one group; `diff` compares two cells only when their `settings` columns "
         "agree. *Filled by*: the driver, the agent, either, or derived from the timestamps.",

@@ -286,6 +286,8 @@ class Window:
         self.trial_tid: int | None = threading.get_native_id() if pid == os.getpid() else None
         self._trial: list = [None, None]  # the trial thread's (monotonic ns, CPU ns, run delay ns): receipt, terminal
         self._t0 = 0
+        # the whole trial's, for every trial (uncancelled too): how much the engine's thread waited for a CPU
+        self._run0 = own_thread_reading(self.trial_tid) if self._why is None and self.trial_tid is not None else None
 
     def owe_receipt(self) -> None:
         """Called under the cancel's lock: a receipt snapshot is coming, so a terminal one waits for it.
@@ -342,8 +344,21 @@ class Window:
         return {"trial_cpu_ms": (after[1] - before[1]) / 1e6, "trial_cpu_wait_ms": (after[2] - before[2]) / 1e6,
                 "cpu_window_ms": (after[0] - before[0]) / 1e6}
 
+    def _run_columns(self) -> dict:
+        """The trial thread over the whole trial: Window built (run_trial entered) -> now (the record's
+        columns taken, on that thread, right after the engine's run)."""
+        end = own_thread_reading(self.trial_tid) if self._run0 is not None and self.trial_tid is not None else None
+        if end is None or threading.get_native_id() != self.trial_tid:
+            return {}
+        return {"trial_run_cpu_ms": (end[1] - self._run0[1]) / 1e6, "trial_run_wait_ms": (end[2] - self._run0[2]) / 1e6}
+
     def columns(self) -> dict:
-        """The record's columns; empty if no cancel was received (no window)."""
+        """The record's columns: the whole trial's trial-thread figures, and the window's (none
+        if no cancel was received)."""
+        run = self._run_columns()
+        return {**run, **self._window_columns()}
+
+    def _window_columns(self) -> dict:
         self.at_terminal()  # a trial that ended without a terminal state (an error): now
         with self._lock:
             if not self._asked:

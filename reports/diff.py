@@ -207,7 +207,7 @@ def read_side(dirs: list[str | Path], spec: ReportSpec, filters: Filters, class_
                     _invalid_by_cell(scan.invalid, class_map), scan.dirs, scan.repeats)
     cancels = records_of(scan, filters)
     side.residue = residue.residue_by_class(cancels, class_map)
-    side.noise = noise.noise_of(cancels)
+    side.noise = noise.noise_of(scan.rows(("cancel", "reference"), columns=noise.COLUMNS))
     return side, scan.table
 
 

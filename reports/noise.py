@@ -2,10 +2,13 @@
 ``trend`` (each sweep vs the one before; the newest pair decides) compare, per side, over its
 cancel trials that have the cpu columns (device_agents/cpu_account.py):
 
-* **CPU-wait share**: of the time the engine's threads were runnable between receipt and
-  stop, the share they waited for a CPU: sum(engine_cpu_wait_ms) / sum(engine_cpu_ms +
-  engine_cpu_wait_ms). Every engine has it (in process and external); what a busy host
-  changes first.
+* **CPU-wait share**: of the time the engine's trial thread was runnable over its whole
+  trials (references and cancels, tens of ms each: a sample of the sweep, not of a few ms
+  after each cancel), the share it waited for a CPU: sum(trial_run_wait_ms) /
+  sum(trial_run_cpu_ms + trial_run_wait_ms). What a busy host changes first. Where a side has
+  no such column (external engines, older records), the engine process's threads between
+  receipt and stop instead: sum(engine_cpu_wait_ms) / sum(engine_cpu_ms + engine_cpu_wait_ms);
+  the two sides then use the same one.
 * **load**: the median ``host_loadavg_1m`` (a 1-minute average: slow, so its threshold is
   wide).
 * **runnable tasks**: the median ``host_procs_running`` (instantaneous, at receipt or stop).
@@ -26,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 COLUMNS = ["latency_ms", "engine_cpu_ms", "engine_cpu_wait_ms", "host_loadavg_1m", "host_procs_running",
-           "host_steal_ms"]
+           "host_steal_ms", "trial_run_cpu_ms", "trial_run_wait_ms"]
 REFUSED_EXIT = 3  # --refuse-noisy and a noisy comparison
 
 
@@ -44,7 +47,8 @@ class NoiseFacts:
     """One side's host facts over its cancel trials with cpu columns (None: not recorded)."""
 
     n: int = 0
-    wait_share: float | None = None
+    wait_share: float | None = None  # the trial thread's, over whole trials
+    window_wait_share: float | None = None  # the engine process's, between receipt and stop
     load_1m: float | None = None
     procs_running: float | None = None
     steal: float | None = None
@@ -101,20 +105,26 @@ def _col(t: pa.Table, name: str) -> np.ndarray:
     return t.column(name).to_numpy(zero_copy_only=False).astype(float)
 
 
-def noise_of(table: pa.Table) -> NoiseFacts:
-    """A side's facts over ``table``'s rows that have the engine's CPU accounting."""
-    if "engine_cpu_ms" not in table.column_names or table.num_rows == 0:
-        return NoiseFacts()
-    t = table.filter(pc.fill_null(pc.is_valid(table.column("engine_cpu_ms")), False))
-    if t.num_rows == 0:
-        return NoiseFacts()
-    cpu, wait = _col(t, "engine_cpu_ms"), _col(t, "engine_cpu_wait_ms")
+def _share(cpu: np.ndarray, wait: np.ndarray) -> float | None:
     ok = np.isfinite(cpu) & np.isfinite(wait)
     runnable = float(cpu[ok].sum() + wait[ok].sum())
+    return float(wait[ok].sum()) / runnable if runnable > 0 else None
+
+
+def noise_of(table: pa.Table) -> NoiseFacts:
+    """A side's facts over ``table``'s rows (every trial kind): the wait share over whole trials,
+    the host facts over the rows with a receipt -> stop window."""
+    if "engine_cpu_ms" not in table.column_names or table.num_rows == 0:
+        return NoiseFacts()
+    run = _share(_col(table, "trial_run_cpu_ms"), _col(table, "trial_run_wait_ms"))
+    t = table.filter(pc.fill_null(pc.is_valid(table.column("engine_cpu_ms")), False))
+    if t.num_rows == 0 and run is None:
+        return NoiseFacts()
     median = lambda a: float(np.median(a[np.isfinite(a)])) if np.isfinite(a).any() else None  # noqa: E731
     steal, lat = _col(t, "host_steal_ms"), _col(t, "latency_ms")
     ok_s = np.isfinite(steal) & np.isfinite(lat)
-    return NoiseFacts(n=t.num_rows, wait_share=float(wait[ok].sum()) / runnable if runnable > 0 else None,
+    return NoiseFacts(n=table.num_rows, wait_share=run,
+                      window_wait_share=_share(_col(t, "engine_cpu_ms"), _col(t, "engine_cpu_wait_ms")),
                       load_1m=median(_col(t, "host_loadavg_1m")), procs_running=median(_col(t, "host_procs_running")),
                       steal=float(steal[ok_s].sum() / lat[ok_s].sum()) if ok_s.any() and lat[ok_s].sum() > 0 else None)
 
@@ -122,14 +132,17 @@ def noise_of(table: pa.Table) -> NoiseFacts:
 def compare_noise(base: NoiseFacts, cand: NoiseFacts, spec: NoiseSpec,
                   names: tuple[str, str] = ("baseline", "candidate")) -> NoiseCheck:
     check = NoiseCheck(names, (base, cand), spec)
+    whole = base.wait_share is not None and cand.wait_share is not None  # else both sides' window shares
     for attr, what, limit_attr, show in METRICS:
+        if attr == "wait_share" and not whole:
+            attr, what = "window_wait_share", "CPU-wait share (engine threads, receipt to stop)"
         a, b, limit = getattr(base, attr), getattr(cand, attr), getattr(spec, limit_attr)
         if a is None or b is None or abs(b - a) <= limit:
             continue
         noisy, quiet = (names[1], names[0]) if b > a else (names[0], names[1])
         hi, lo = max(a, b), min(a, b)
         check.reasons.append((noisy, f"{what} {show(hi)} vs {show(lo)} on the {quiet} "
-                                     f"(differs by more than {show(limit) if attr != 'wait_share' else f'{limit * 100:g} points'})"))
+                                     f"(differs by more than {f'{limit * 100:g} points' if 'wait' in attr else show(limit)})"))
     return check
 
 
