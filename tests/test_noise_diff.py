@@ -1,0 +1,181 @@
+"""Residue split and noise-aware comparison on real sweeps (issue 26, items 2 and 3).
+
+Three small real sweeps of one build (the text fixture in process, one thread, cancels aimed
+into prefill): two on the host as it is, one beside busy loops (``python3 -c 'while 1: pass'``,
+as many as the CPUs this test may use, two on the 2-core CI host) that the test starts, waits
+on until each has observably run on a CPU, and stops. Then the real command: ``cancelbench
+diff`` flags the busy candidate as noisy (and refuses it with --refuse-noisy, exit 3; JUnit and
+GitHub outputs say so) and the idle pair not; ``trend`` flags its newest (busy) sweep; the
+report shows the split, which adds up per trial.
+
+What the busy loops change is unmistakable whatever else the host runs: the engine thread
+shares the test's CPUs with one loop per CPU, so it waits for a CPU about half of the time it
+is runnable (the threshold is 10 points) and the runnable tasks rise by one per CPU (the
+threshold is 1.5).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cancelbench.cli import main as cli_main
+from cancelbench.orchestrator.config import load_config
+from cancelbench.orchestrator.runner import run_sweep
+from cancelbench.reports.residue import split
+from cancelbench.sink import read_records
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="schedstat is Linux's")
+
+CONFIG = """
+[sweep]
+seed = 5
+trials_per_cell = 8
+reference_runs = 3
+mechanisms = ["abort_callback"]
+deliveries = ["agent"]
+ping_samples = 3
+[offsets]
+plan = "progress"
+phases = ["prefill"]
+[[workload]]
+name = "text"
+engine = "text"
+model = "fixture:text-qwen3-14m"
+n_threads = 1
+prompt_tokens = 64
+max_tokens = 2
+n_batch = 8
+"""
+
+
+def _ran_ns(pid: int) -> int:
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+@contextmanager
+def busy_loops():
+    """One ``while 1: pass`` per CPU this process may use (at least two), each waited on until it
+    has run 50 ms on a CPU (its own schedstat, not a sleep); killed and reaped on exit."""
+    n = max(2, len(os.sched_getaffinity(0)))
+    procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
+    try:
+        for p in procs:
+            while _ran_ns(p.pid) < 50_000_000:
+                assert p.poll() is None, "a busy loop exited"
+                os.sched_yield()
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+    assert all(p.returncode == -9 for p in procs)  # they ran until killed: busy the whole sweep
+
+
+@pytest.fixture(scope="module")
+def sweeps(local_ray, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("noise")
+    (root / "sweep.toml").write_text(CONFIG)
+    config = load_config(root / "sweep.toml")
+    out = {}
+    for name in ("idle_a", "idle_b"):
+        run_sweep(config, root / name, progress=False)
+        out[name] = root / name
+    with busy_loops():
+        run_sweep(config, root / "busy", progress=False)
+    out["busy"] = root / "busy"
+    return out
+
+
+def _cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    capsys.readouterr()
+    try:
+        rc = cli_main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    got = capsys.readouterr()
+    return rc, got.out, got.err
+
+
+def test_the_split_adds_up_per_trial_and_the_report_shows_it(sweeps, capsys):
+    for path in sweeps.values():
+        df = read_records(path)
+        cancelled = df[(df.trial_kind == "cancel") & (df.outcome == "cancelled")]
+        assert len(cancelled) > 0 and cancelled.trial_cpu_ms.notna().all(), cancelled.trial_cpu_ms
+        work, wait, rest = split(cancelled.latency_ms, cancelled.trial_cpu_ms, cancelled.trial_cpu_wait_ms)
+        assert np.allclose(work + wait + rest, cancelled.latency_ms, atol=1e-9, rtol=0)
+        assert (work > 0).all() and (wait >= 0).all() and (rest >= 0).all()
+        assert (cancelled.cpu_window_ms > 0).all()
+    busy = read_records(sweeps["busy"])
+    assert (busy.trial_cpu_wait_ms.dropna() > 0).any()  # the loops took the engine thread's CPU at times
+    rc, out, _ = _cli(["report", str(sweeps["busy"]), "--format", "json"], capsys)
+    cells = json.loads(out)["residue"]
+    assert cells and {c["phase"] for c in cells} == {"prefill"}
+    for c in cells:
+        assert c["work_share"] + c["wait_share"] + c["rest_share"] == pytest.approx(1.0)
+    _, text, _ = _cli(["report", str(sweeps["busy"])], capsys)
+    assert "== Residue split per phase at receipt ==" in text
+
+
+def test_diff_flags_the_busy_candidate_as_noisy(sweeps, tmp_path, capsys):
+    junit = tmp_path / "diff.xml"
+    rc, out, err = _cli(["diff", str(sweeps["idle_a"]), str(sweeps["busy"]), "--format", "json",
+                         "--junit", str(junit)], capsys)
+    noise = json.loads(out)["noise"]
+    assert noise["flagged"] and noise["noisy"] == ["candidate"], noise
+    assert rc in (0, 1) and err == ""  # flagged, not refused: the verdict stands, saying so
+    assert noise["sides"]["candidate"]["wait_share"] > noise["sides"]["baseline"]["wait_share"]
+    xml = junit.read_text()
+    assert 'name="baseline vs candidate"' in xml and 'type="noisy"' in xml and "NOISY candidate" in xml
+    _, text, _ = _cli(["diff", str(sweeps["idle_a"]), str(sweeps["busy"])], capsys)
+    assert text.splitlines()[1].startswith(("verdict: OK, NOISY candidate", "verdict: REGRESSED, NOISY candidate"))
+    _, annotations, _ = _cli(["diff", str(sweeps["idle_a"]), str(sweeps["busy"]), "--format", "github"], capsys)
+    assert annotations.startswith("::error title=cancelbench diff%3A host noise%3A baseline vs candidate::NOISY candidate: ")
+    # the other way round, the baseline is the noisy side
+    _, out, _ = _cli(["diff", str(sweeps["busy"]), str(sweeps["idle_a"]), "--format", "json"], capsys)
+    assert json.loads(out)["noise"]["noisy"] == ["baseline"]
+
+
+def test_refuse_noisy_refuses_with_one_line_and_exit_3(sweeps, tmp_path, capsys):
+    junit = tmp_path / "refused.xml"
+    rc, _, err = _cli(["diff", str(sweeps["idle_a"]), str(sweeps["busy"]), "--refuse-noisy", "--junit", str(junit)],
+                      capsys)
+    assert rc == 3
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cancelbench diff: refused: NOISY candidate: candidate noisier")
+    assert 'type="refused"' in junit.read_text()
+
+
+def test_idle_vs_idle_is_not_flagged(sweeps, capsys):
+    rc, out, err = _cli(["diff", str(sweeps["idle_a"]), str(sweeps["idle_b"]), "--format", "json",
+                         "--refuse-noisy"], capsys)
+    noise = json.loads(out)["noise"]
+    assert not noise["flagged"] and noise["noisy"] == [] and rc != 3 and err == "", noise
+    assert all(noise["sides"][s]["n"] > 0 for s in ("baseline", "candidate"))  # judged, not skipped
+
+
+def test_trend_flags_its_busy_newest_sweep(sweeps, capsys):
+    dirs = [str(sweeps[k]) for k in ("idle_a", "idle_b", "busy")]
+    rc, out, _ = _cli(["trend", *dirs, "--by", "given", "--format", "json"], capsys)
+    noise = json.loads(out)["noise"]
+    assert noise[0] is None and not noise[1]["flagged"] and noise[2]["noisy"] == ["sweep 3"], noise
+    rc, _, err = _cli(["trend", *dirs, "--by", "given", "--refuse-noisy"], capsys)
+    assert rc == 3 and err.startswith("cancelbench trend: refused: NOISY sweep 3")
+
+
+def test_noise_thresholds_are_checked_options(sweeps, capsys):
+    rc, _, err = _cli(["diff", str(sweeps["idle_a"]), str(sweeps["busy"]), "--noise-wait-share", "1.5"], capsys)
+    assert rc == 2 and err.startswith("cancelbench diff: error: argument --noise-wait-share")
+    # thresholds wide enough for anything: the busy candidate is no longer flagged
+    rc, out, _ = _cli(["diff", str(sweeps["idle_a"]), str(sweeps["busy"]), "--format", "json", "--noise-wait-share",
+                       "0.99", "--noise-procs", "1000", "--noise-load", "1000", "--noise-steal", "1000"], capsys)
+    assert not json.loads(out)["noise"]["flagged"]
