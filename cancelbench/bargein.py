@@ -24,6 +24,7 @@ MIC_RATE = 16000  # the microphone stream: 16 kHz mono
 CHUNK_MS = (10, 32)  # what a capture callback hands over at a time, ms (bounds)
 MAX_BUFFER_MS = 2000.0
 DETECTORS = ("silero", "webrtc")
+AIMS = ("onset", "cancel")
 
 
 class BargeinError(ValueError):
@@ -51,6 +52,10 @@ class BargeinSettings:
     chunk_ms: int = 20  # microphone chunk handed to the detector
     playback_buffer_ms: float = 100.0  # the audio device's buffer (output latency)
     clips: str = "bargein-v1"  # the interruption clip set (datasets/bargein_clips.py)
+    # What the plan's due time places: the user's onset ("onset"), or the detector's cancel
+    # ("cancel": the onset goes the detector's measured latency earlier, so a barge-in's cancel
+    # lands in the target phase, e.g. inside a code2wav window; a hand-back-anchored plan needed)
+    aim: str = "onset"
 
     def columns(self) -> dict:
         """The settings' record columns (schema group ``bargein``)."""
@@ -58,7 +63,7 @@ class BargeinSettings:
                 "detector_frame_ms": self.frame_ms, "detector_min_speech_ms": self.min_speech_ms,
                 "detector_webrtc_mode": self.webrtc_mode, "detector_warmup_ms": self.warmup_ms,
                 "mic_chunk_ms": self.chunk_ms,
-                "playback_buffer_ms": self.playback_buffer_ms, "bargein_clip_set": self.clips}
+                "playback_buffer_ms": self.playback_buffer_ms, "bargein_clip_set": self.clips, "bargein_aim": self.aim}
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -89,6 +94,8 @@ def parse_settings(raw: object, where: str) -> BargeinSettings:
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= hi):
             raise BargeinError(f"{where}.{key} must be a number in [0, {hi:g}], got {v!r:.40}")
         kw[key] = None if v is None else float(v)
+    if kw["aim"] not in AIMS:
+        raise BargeinError(f"{where}.aim must be one of {', '.join(AIMS)}, got {kw['aim']!r:.40}")
     if not isinstance(kw["clips"], str) or not kw["clips"]:
         raise BargeinError(f"{where}.clips must be a clip set name, got {kw['clips']!r:.40}")
     return BargeinSettings(**kw)
@@ -114,16 +121,18 @@ class BargeinTrial:
     settings: BargeinSettings
     clip: ClipEntry
     noise_seed: int
+    onset_lead_ms: float = 0.0  # aim = cancel: the onset is due this long before the plan's due time
 
 
-def trial_of(settings: BargeinSettings, entries: list[ClipEntry], trial_id: str, seed: int) -> BargeinTrial:
+def trial_of(settings: BargeinSettings, entries: list[ClipEntry], trial_id: str, seed: int,
+             onset_lead_ms: float = 0.0) -> BargeinTrial:
     """The clip of a cancel trial: round robin over the set by the trial's number in its cell
     (``...<cell>.0007``), so every cell gets the same mix; the noise seed from the sweep's seed
     and the trial id (a resumed trial streams the same samples)."""
     tail = trial_id.rsplit(".", 1)[-1]
     k = int(tail) if tail.isdigit() else zlib.crc32(trial_id.encode())
     noise_seed = (zlib.crc32(trial_id.encode()) ^ (seed & 0xFFFFFFFF)) & 0x7FFFFFFF
-    return BargeinTrial(settings, entries[k % len(entries)], noise_seed)
+    return BargeinTrial(settings, entries[k % len(entries)], noise_seed, onset_lead_ms)
 
 
 # -- the playback model -------------------------------------------------------------------

@@ -26,6 +26,8 @@ SETTINGS_FIELDS: list[tuple] = [
     ("mic_chunk_ms", _I32, "settings", "barge-in: microphone chunk handed to the detector, ms (16 kHz mono)"),
     ("playback_buffer_ms", _F64, "settings", "barge-in: the audio device's buffer (output latency) of the playback model, ms"),
     ("bargein_clip_set", _STR, "settings", "barge-in: the interruption clip set (datasets/bargein_clips.py)"),
+    ("bargein_aim", _STR, "settings", "barge-in: what the plan's due time places: onset (the user starts talking) | "
+     "cancel (the detector's cancel; the onset goes onset_lead_ms earlier)"),
     ("bargein_clip", _STR, "settings", "barge-in: this trial's user utterance, or noise-only (a false-barge-in trial)",
      "agent"),
     ("bargein_snr_db", _F64, "settings", "barge-in: user speech over the noise, dB", "agent"),
@@ -34,6 +36,9 @@ SETTINGS_FIELDS: list[tuple] = [
 ]
 
 MEASURED_FIELDS: list[tuple] = [
+    ("onset_lead_ms", _F64, "bargein", "aim = cancel: the onset was due this long before the plan's due time for "
+     "the cancel (the median detect_ms of this device's last 16 barge-ins of the workload; before any, "
+     "min_speech_ms + chunk_ms); t_cancel_scheduled is the onset's due time. 0 for aim = onset"),
     ("t_mic_start_ns", _I64, "bargein", "agent clock: sample 0 of the microphone stream (the trial's start)"),
     ("onset_sample", _I64, "bargein", "the stream sample where the user's speech starts (ground truth; null: "
      "noise-only)"),

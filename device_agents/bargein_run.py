@@ -113,7 +113,7 @@ class BargeinSession:
         clip = self.trial.clip
         onset = self.onset_sample
         t_onset = None if onset is None else self.t0_ns + round(onset * 1e9 / MIC_RATE)
-        cols = {"bargein_clip": clip.name, "bargein_snr_db": clip.snr_db, "bargein_echo_db": clip.echo_db,
+        cols = {"bargein_clip": clip.name, "onset_lead_ms": self.trial.onset_lead_ms, "bargein_snr_db": clip.snr_db, "bargein_echo_db": clip.echo_db,
                 "bargein_noise_seed": self.trial.noise_seed, "t_mic_start_ns": self.t0_ns,
                 "onset_sample": onset, "t_onset_ns": t_onset, "phase_at_onset": self.phase_at_onset, "detected_sample": self.detected_sample,
                 "t_detected_ns": self.t_detected_ns, "detector_fired": self.detected_sample is not None,

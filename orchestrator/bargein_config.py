@@ -62,8 +62,29 @@ def check_deliveries(deliveries: tuple[str, ...], workloads) -> None:
                           "[\"detector\"] (the detector issues a barge-in's cancel)")
 
 
-def trial_bargein(settings: BargeinSettings | None, trial_id: str, delivery: str, seed: int) -> BargeinTrial | None:
-    """The barge-in part of a cancel trial's request (None for every other trial)."""
+LEAD_SAMPLES = 16  # aim = cancel: the onset's lead is the median detection of this many latest barge-ins
+
+
+def trial_bargein(settings: BargeinSettings | None, trial_id: str, delivery: str, seed: int,
+                  detections_ns: list[int]) -> BargeinTrial | None:
+    """The barge-in part of a cancel trial's request (None for every other trial). With
+    aim = cancel, the onset's lead: the median detection (onset -> fired) of the latest
+    barge-ins of this workload on this device (``detections_ns``); before any, min_speech_ms
+    + chunk_ms (the speech the detector needs, and the chunk it waits for)."""
     if settings is None or delivery != DETECTOR:
         return None
-    return trial_of(settings, clip_entries(settings.clips), trial_id, seed)
+    lead = 0.0
+    if settings.aim == "cancel":
+        last = sorted(detections_ns[-LEAD_SAMPLES:])
+        lead = last[(len(last) - 1) // 2] / 1e6 if last else float(settings.min_speech_ms + settings.chunk_ms)
+    return trial_of(settings, clip_entries(settings.clips), trial_id, seed, lead)
+
+
+def note_agent_samples(samples: dict, workload: str, record) -> None:
+    """After an agent-clock trial (agent or detector delivery): its timer's lateness (for a barge-in:
+    placing the onset) is agent delivery's reach; a barge-in's detection feeds the onset lead."""
+    placed = record.t_onset_ns if record.delivery == DETECTOR else record.t_issued_ns
+    if placed is not None and record.t_cancel_scheduled_ns is not None:
+        samples["agent", workload].append(max(0, placed - record.t_cancel_scheduled_ns))
+    if record.t_detected_ns is not None and record.t_onset_ns is not None and record.t_detected_ns >= record.t_onset_ns:
+        samples["detect", workload].append(record.t_detected_ns - record.t_onset_ns)

@@ -35,7 +35,7 @@ import ray
 from cancelbench.request import TrialRequest
 from cancelbench.schema import TrialRecord, driver_half, finalize, merge
 
-from .bargein_config import DETECTOR, trial_bargein
+from .bargein_config import DETECTOR, note_agent_samples, trial_bargein
 from .cancel_timer import CancelTimer
 from .clock import ClockOffset, driver_now_ns, estimate_offset_async
 from .cluster import DeviceSlot
@@ -181,6 +181,8 @@ class DeviceRun:
     def _request(self, trial: TrialSpec, at: Resolved | None, feed_phases: bool = False) -> TrialRequest:
         """The typed request for the agent (the input resolved from the corpus)."""
         item, wl = self.sweep.inputs[trial.workload][trial.input_id], self.workloads[trial.workload]
+        bargein = trial_bargein(wl.bargein, trial.trial_id, trial.delivery, self.sweep.config.seed,
+                                self.reach_samples_ns["detect", trial.workload])
         wav_out = None
         if trial.trial_kind == "reference" and wl.spec.keeps_audio:  # kept so a person can listen to it
             wav_out = str((self.sweep.out_dir / "audio" / f"{trial.trial_id}.wav").resolve())
@@ -188,10 +190,10 @@ class DeviceRun:
             trial_id=trial.trial_id, trial_kind=trial.trial_kind, mechanism=trial.mechanism,
             delivery=trial.delivery, input_id=trial.input_id, input=item.get("wav") or item.get("text", ""),
             lang=item.get("lang"), wav_out=wav_out, feed_phases=feed_phases,
-            bargein=trial_bargein(wl.bargein, trial.trial_id, trial.delivery, self.sweep.config.seed),
-            **({} if at is None else dict(offset_ms=at.offset_ms, anchor_phase=at.anchor_phase,
-                                         anchor_step=at.anchor_step, step_fraction=at.step_fraction,
-                                         anchor_ref_ms=at.anchor_ref_ms)))
+            bargein=bargein, **({} if at is None else dict(
+                offset_ms=max(0.0, at.offset_ms - (bargein.onset_lead_ms if bargein else 0.0)),
+                anchor_phase=at.anchor_phase, anchor_step=at.anchor_step, step_fraction=at.step_fraction,
+                anchor_ref_ms=at.anchor_ref_ms)))
 
     def _resolve(self, trial: TrialSpec) -> tuple[Resolved | None, float | None]:
         """(the cancel's anchor and delay, reference_ms) of a cancel trial, on this device's reference run."""
@@ -256,11 +258,9 @@ class DeviceRun:
                 waited = max(0, issue["t_cancel_scheduled_ns"] - issue["t_anchor_seen_ns"])
                 self.reach_samples_ns["driver", trial.workload, at.anchor_phase].append(
                     received_ns - record.t_anchor_ns - waited)
-        if trial.delivery in ("agent", DETECTOR):  # issued on the agent's own clock; its timer's lateness
-            record.clock_uncertainty_ns = 0  # (a barge-in's: placing the onset) is agent delivery's reach
-            placed = record.t_onset_ns if trial.delivery == DETECTOR else record.t_issued_ns
-            if placed is not None and record.t_cancel_scheduled_ns is not None:
-                self.reach_samples_ns["agent", trial.workload].append(max(0, placed - record.t_cancel_scheduled_ns))
+        if trial.delivery in ("agent", DETECTOR):  # issued on the agent's own clock
+            record.clock_uncertainty_ns = 0
+            note_agent_samples(self.reach_samples_ns, trial.workload, record)
         row = finalize(record)
         if trial.trial_kind == "reference":
             self.refs[(trial.workload, trial.mechanism)].append(row)

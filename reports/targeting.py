@@ -25,7 +25,8 @@ from .section import Section
 
 TARGET_SHARE = 0.90  # below this a phase-aiming cell is reported as missing its target
 COLUMNS = ["workload", "host", "backend", "device", "mechanism", "delivery", "offset_plan", "target_phase",
-           "phase_at_receipt", "native_call_at_receipt", "t_received_ns", "target_reachable", "phase_at_onset"]
+           "phase_at_receipt", "native_call_at_receipt", "t_received_ns", "target_reachable", "phase_at_onset",
+           "bargein_aim"]
 KEYS = ["workload", "device_key", "mechanism", "delivery", "offset_plan"]
 
 
@@ -62,7 +63,8 @@ def targeting_of(table: pa.Table) -> list[Targeting]:
     label = lambda name: pc.fill_null(t.column(name).cast(pa.string()), "nan")  # noqa: E731 (a null key)
     as_int = lambda mask: pc.cast(pc.fill_null(mask, False), pa.int64())  # noqa: E731
     # a barge-in aims its onset (the user starts talking) at the phase; the detector's cancel comes later
-    landed = pc.coalesce(t.column("phase_at_onset"), t.column("phase_at_receipt"))
+    onset = pc.fill_null(pc.equal(t.column("bargein_aim"), "onset"), False)  # aim = cancel: the receipt's phase
+    landed = pc.if_else(onset, t.column("phase_at_onset"), t.column("phase_at_receipt"))
     in_phase = pc.fill_null(pc.equal(landed, t.column("target_phase")), False)
     # null (records from before the column, time plans): reachable
     far = pc.fill_null(pc.equal(t.column("target_reachable"), False), False)
