@@ -58,8 +58,12 @@ SIGNATURES: tuple[tuple[str, type | None, tuple[type, ...]], ...] = (
     ("cb_token_reprobes", _U64, (_P,)),
     ("cb_token_max_range_est_ns", _I64, (_P,)),
     ("cb_token_max_range_cpu_ns", _I64, (_P,)),
+    ("cb_token_log_enable", ctypes.c_int, (_P, _I64, _I64)),
+    ("cb_token_log_nodes", _I64, (_P, _P, _I64)),
+    ("cb_token_log_ranges", _I64, (_P, _P, _I64)),
     ("cb_eval_calibrate", ctypes.c_int, (_P, _P, _P, _I64, _I64, _I64)),
     ("cb_eval_calibrate_flash_attn", ctypes.c_int, (_P, _P, _P)),
+    ("cb_eval_calibrate_no_op", ctypes.c_int, (_P, _P)),
     ("cb_node_work", ctypes.c_double, (_P,)),
     ("cb_probe_busy", ctypes.c_int, (_P, _I64, _I64, ctypes.POINTER(_I64), ctypes.POINTER(_I64))),
     ("cb_sim_wait", _I64, (_P, _I64, _I64, ctypes.POINTER(_I64), ctypes.POINTER(_I64))),
@@ -184,6 +188,12 @@ def calibrate_eval_reader_flash_attn(q: int, k: int, fa: int) -> bool:
     return bool(_lib().cb_eval_calibrate_flash_attn(q, k, fa))
 
 
+def calibrate_eval_reader_no_op(src: int, view: int) -> bool:
+    """After :func:`calibrate_eval_reader`: ``view`` = a reshape / view / permute / transpose of
+    ``src`` teaches the reader that its op moves no data (a node of it weighs its dispatch)."""
+    return bool(_lib().cb_eval_calibrate_no_op(src, view))
+
+
 def node_work(tensor: int) -> float:
     """The eval reader's work estimate of one ggml tensor (1.0 when not calibrated)."""
     return _lib().cb_node_work(tensor)
@@ -281,6 +291,26 @@ class CancelToken:
     def max_range_cpu_ns(self) -> int:
         """Debug: the most graph-thread CPU time (ns) of one eval-reader range (slice 0: a node's)."""
         return _lib().cb_token_max_range_cpu_ns(self._ptr)
+
+    def log_enable(self, max_nodes: int, max_ranges: int) -> None:
+        """Debug: a fresh eval-reader profiling log (rows per node asked and per range,
+        cancel_token.h); 0 turns it off. Between graphs."""
+        if not _lib().cb_token_log_enable(self._ptr, max_nodes, max_ranges):
+            raise MemoryError("no room for the eval-reader log")
+
+    def log_ranges_count(self) -> int:
+        """Debug: range rows logged so far (a cheap mark between graphs)."""
+        return _lib().cb_token_log_ranges(self._ptr, None, 0)
+
+    def log_rows(self) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
+        """Debug: (node rows, range rows) of the profiling log, fields as in cancel_token.h."""
+        out = []
+        for fn, fields in ((_lib().cb_token_log_nodes, 6), (_lib().cb_token_log_ranges, 8)):
+            n = fn(self._ptr, None, 0)
+            buf = (ctypes.c_double * (n * fields))()
+            fn(self._ptr, buf, n)
+            out.append([tuple(buf[i * fields:(i + 1) * fields]) for i in range(n)])
+        return out[0], out[1]
 
     def read(self) -> bool:
         """Call the native reader once (counts as a poll, stamps seen_ns)."""

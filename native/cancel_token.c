@@ -29,7 +29,9 @@
  * GELU over a small vs a large activation, cache-resident or not). */
 #define CB_WORK_BUCKETS 32
 #define CB_KEYS (CB_OP_CLASSES * CB_WORK_BUCKETS)
-#define CB_RANGE_KEYS 16   /* distinct keys of one range followed for the per-key update */
+#ifndef CB_RANGE_KEYS
+#define CB_RANGE_KEYS 64   /* distinct keys of one range followed for the per-key update */
+#endif
 
 struct cb_token {
     _Atomic uint8_t flag;      /* offset 0: non-zero means abort */
@@ -54,6 +56,8 @@ struct cb_token {
     double probe_work;         /* that node's work */
     uint32_t range_nkeys;      /* distinct keys followed in the current range (at most CB_RANGE_KEYS) */
     uint16_t range_key[CB_RANGE_KEYS];
+    uint8_t key_slot[CB_KEYS]; /* a key's index in range_key if range_key[key_slot[key]] == key (a sparse
+                                  set: O(1) per node, never cleared) */
     float range_key_work[CB_RANGE_KEYS]; /* their scaled work in the range */
     _Atomic uint64_t probes;        /* ranges ended by a first-seen key (debug counter, reset per trial) */
     _Atomic uint64_t reprobes;      /* ranges ended to learn a key again (debug counter, reset per trial) */
@@ -61,6 +65,10 @@ struct cb_token {
     _Atomic int64_t max_range_cpu_ns; /* the most graph-thread CPU time of any range (debug counter) */
     int64_t range_cpu_ns;      /* the graph thread's CPU clock when the current range started */
     double cpu_per_work;       /* learned graph-thread CPU ns per unit of work (EMA; 0 = not learned) */
+    /* profiling log (cb_token_log_enable): NULL = off; rows of doubles, see cancel_token.h */
+    double *log_nodes, *log_ranges;
+    int64_t log_nodes_cap, log_nodes_n, log_ranges_cap, log_ranges_n;
+    int64_t range_seq;         /* ranges started since the log was enabled */
 };
 
 /* A constant added to the agent clock. Zero in production; tests set it to
@@ -84,7 +92,13 @@ CB_EXPORT cb_token *cb_token_new(void) {
     return t;
 }
 
-CB_EXPORT void cb_token_free(cb_token *t) { free(t); }
+CB_EXPORT void cb_token_free(cb_token *t) {
+    if (t) {
+        free(t->log_nodes);
+        free(t->log_ranges);
+    }
+    free(t);
+}
 
 /* Token reset contract (full text in cancel_token.h): the trial thread calls it
  * between trials, never while a native call polls the token, serialized with
@@ -230,6 +244,18 @@ static size_t cb_ne_off, cb_op_off, cb_flags_off, cb_src_off;
 #define CB_FLAG_COMPUTE 16 /* GGML_TENSOR_FLAG_COMPUTE: unset = skipped by every backend (a non-selected branch) */
 static int32_t cb_op_mul_mat;
 static _Atomic int32_t cb_op_flash_attn = -1;
+/* ops that move no data (ggml_op_is_empty: a reshape, view, permute, transpose), found by
+ * cb_eval_calibrate_no_op from real tensors: a node of one weighs its dispatch alone */
+static _Atomic uint8_t cb_op_no_op[CB_OP_CLASSES];
+/* Build knobs of the cost model, for benchmarks/bench_graph_profile.py's before/after (the
+ * reader before issue 26: -DCB_RANGE_KEYS=16 -DCB_RANGE_MAX_NODES=1000000000
+ * -DCB_NO_OP_DISPATCH=0 -DCB_GAP_WAIT_CHECK=0). Production builds use the defaults. */
+#ifndef CB_NO_OP_DISPATCH
+#define CB_NO_OP_DISPATCH 1
+#endif
+#ifndef CB_GAP_WAIT_CHECK
+#define CB_GAP_WAIT_CHECK 1
+#endif
 #define CB_NODE_WORK 1024.0  /* per-node dispatch, in element units */
 
 static const int64_t *cb_ne(const void *t) { return (const int64_t *)((const char *)t + cb_ne_off); }
@@ -288,18 +314,40 @@ CB_EXPORT int cb_eval_calibrate_flash_attn(const void *q, const void *k, const v
     return 1;
 }
 
+/* After cb_eval_calibrate: v = a view-type op of src (ggml_reshape_*, ggml_view_*, ggml_permute,
+ * ggml_transpose; not computed). Records v's op as one that moves no data. Returns 1 if checked. */
+CB_EXPORT int cb_eval_calibrate_no_op(const void *src, const void *v) {
+    if (!atomic_load_explicit(&cb_layout_ready, memory_order_acquire)) return 0;
+    const void *const *s = (const void *const *)((const char *)v + cb_src_off);
+    const int32_t op = *(const int32_t *)((const char *)v + cb_op_off);
+    if (s[0] != src || op <= 0 || op >= CB_OP_CLASSES || op == cb_op_mul_mat ||
+        op == atomic_load_explicit(&cb_op_flash_attn, memory_order_relaxed)) return 0;
+    atomic_store_explicit(&cb_op_no_op[op], 1, memory_order_release);
+    return 1;
+}
+
 static double cb_node_work_class(const void *t, int *cls) {
     *cls = 0;
     if (!t || !atomic_load_explicit(&cb_layout_ready, memory_order_acquire)) {
         return 1.0;
     }
     if ((*(const int32_t *)((const char *)t + cb_flags_off) & CB_FLAG_COMPUTE) == 0) {
-        return 1.0;  /* not computed: a branch ggml_build_forward_select did not pick */
+        /* not computed (a branch ggml_build_forward_select did not pick): still asked and
+         * skipped, its dispatch alone. Weighed 1, the code predictor's 800-1100 skipped nodes
+         * per range were a sliver of its estimate that the per-key update hardly moved while
+         * they cost ~0.2 ms (docs/mechanisms.md) */
+        return CB_NO_OP_DISPATCH ? CB_NODE_WORK : 1.0;
+    }
+    const int32_t op = *(const int32_t *)((const char *)t + cb_op_off);
+    *cls = (op >= 0 && op < CB_OP_CLASSES) ? op : 0;
+    if (CB_NO_OP_DISPATCH && atomic_load_explicit(&cb_op_no_op[*cls], memory_order_relaxed)) {
+        /* a view of any size costs its dispatch alone (backends skip it): weighed by its
+         * elements, a view of a large weight sat in a high work bucket whose learned scale
+         * held the cost of the nodes around it (see docs/mechanisms.md) */
+        return CB_NODE_WORK;
     }
     const int64_t *ne = cb_ne(t);
     double w = (double)ne[0] * (double)ne[1] * (double)ne[2] * (double)ne[3];
-    const int32_t op = *(const int32_t *)((const char *)t + cb_op_off);
-    *cls = (op >= 0 && op < CB_OP_CLASSES) ? op : 0;
     const void *const *src = (const void *const *)((const char *)t + cb_src_off);
     if (op == cb_op_mul_mat && src[0]) {
         const int64_t *k = cb_ne(src[0]);  /* the weights: k x m, read once, k MACs per output */
@@ -324,6 +372,17 @@ CB_EXPORT double cb_node_work(const void *tensor) {
  * where a missed split end only makes the next range end early. */
 #define CB_ASK_GAP_TICKS 100000ULL
 
+/* A range also ends after this many nodes, whatever their estimate. The scheduler calls back
+ * only for a range the reader asked to see: a graph's tail, and a whole graph estimated under
+ * one slice, run without a sync and are never measured, so an underestimate of a graph of
+ * many small nodes could not correct itself (the TTS code predictor: 6501 nodes, estimated
+ * under 2 ms while it cost ~5 ms, ran whole; docs/mechanisms.md). The cap bounds what runs
+ * unmeasured and mixes each range's ops differently, which lets the per-key update tell them
+ * apart; a sync costs ~1 us on the CPU backend, ~0.1% per 1024 nodes. */
+#ifndef CB_RANGE_MAX_NODES
+#define CB_RANGE_MAX_NODES 1024
+#endif
+
 /* The calling thread's CPU time (ns): a range's wall time minus this is time the
  * graph thread waited (for a CPU, or on compute threads of its own). */
 static int64_t cb_thread_cpu_ns(void) {
@@ -344,6 +403,23 @@ static inline uint64_t cb_ticks(void) {
 #endif
 }
 
+/* A gap between two asks of a range is a split or graph that ended (its tail computed, the
+ * caller's own work) or the thread waiting for a CPU between two asks. A wait is not an end:
+ * the nodes asked before it are computed with the ones after it, so forgetting them made that
+ * range longer than its estimate (seen under load: a range of 419 + 1024 nodes estimated as
+ * 1024). The thread's CPU time since the range began tells them apart: asks alone cost well
+ * under CB_ASK_CPU_NS each and a wait charges the thread ~30 us (a VM's context switch), while
+ * a computed tail and the caller's work between graphs (building the next one) cost more.
+ * Taking a short tail for a wait only merges it into the next range, estimate and cost
+ * alike. Read once per gap. */
+#define CB_ASK_CPU_NS 200
+#define CB_GAP_WORK_NS 100000
+static bool cb_gap_was_wait(const cb_token *t) {
+    if (!CB_GAP_WAIT_CHECK) return false;
+    const int64_t cpu = cb_thread_cpu_ns() - t->range_cpu_ns;
+    return cpu < (int64_t)t->range_nodes * CB_ASK_CPU_NS + CB_GAP_WORK_NS;
+}
+
 /* The cost key of a node: its op and the log2 bucket of its work. */
 static int cb_cost_key(int cls, double w) {
     const uint64_t iw = w >= 1.0 ? (uint64_t)w : 1;
@@ -355,16 +431,72 @@ static int cb_cost_key(int cls, double w) {
 
 /* Follows a key's scaled work in the current range (for the per-key update). */
 static void cb_range_note(cb_token *t, int key, double sw) {
-    for (uint32_t i = 0; i < t->range_nkeys; i++) {
-        if (t->range_key[i] == key) {
-            t->range_key_work[i] += (float)sw;
-            return;
-        }
+    const uint32_t i = t->key_slot[key];
+    if (i < t->range_nkeys && t->range_key[i] == key) {
+        t->range_key_work[i] += (float)sw;
+        return;
     }
     if (t->range_nkeys < CB_RANGE_KEYS) {
+        t->key_slot[key] = (uint8_t)t->range_nkeys;
         t->range_key[t->range_nkeys] = (uint16_t)key;
         t->range_key_work[t->range_nkeys++] = (float)sw;
     }
+}
+
+/* Profiling log (off unless cb_token_log_enable gave it room): one row per node asked and
+ * one per range, so a profile can set each range's estimate against what it cost and
+ * see which nodes (op, work bucket) it held. A full log stops logging; it never wraps. */
+#define CB_LOG_NODE_FIELDS 6
+#define CB_LOG_RANGE_FIELDS 8
+
+static void cb_log_node(cb_token *t, int cls, double w, double sw, int kind) {
+    if (!t->log_nodes || t->log_nodes_n >= t->log_nodes_cap) return;
+    double *r = t->log_nodes + CB_LOG_NODE_FIELDS * t->log_nodes_n++;
+    const uint64_t iw = w >= 1.0 ? (uint64_t)w : 1;
+    r[0] = (double)t->range_seq; r[1] = cls; r[2] = 63 - __builtin_clzll(iw);
+    r[3] = w; r[4] = sw; r[5] = kind;
+}
+
+static void cb_log_range(cb_token *t, double est_cpu_ns, double cpu_ns, double wall_ns, int kind, double est_wall_ns) {
+    if (!t->log_ranges || t->log_ranges_n >= t->log_ranges_cap) return;
+    double *r = t->log_ranges + CB_LOG_RANGE_FIELDS * t->log_ranges_n++;
+    r[0] = (double)t->range_seq; r[1] = t->range_nodes; r[2] = est_cpu_ns; r[3] = cpu_ns;
+    r[4] = wall_ns; r[5] = kind; r[6] = est_wall_ns;
+    r[7] = (double)atomic_load_explicit(&t->polls, memory_order_relaxed);
+}
+
+CB_EXPORT int cb_token_log_enable(cb_token *t, int64_t max_nodes, int64_t max_ranges) {
+    free(t->log_nodes);
+    free(t->log_ranges);
+    t->log_nodes = t->log_ranges = NULL;
+    t->log_nodes_cap = t->log_nodes_n = t->log_ranges_cap = t->log_ranges_n = 0;
+    t->range_seq = 0;
+    if (max_nodes <= 0 || max_ranges <= 0) return 1;
+    t->log_nodes = (double *)malloc(sizeof(double) * CB_LOG_NODE_FIELDS * (size_t)max_nodes);
+    t->log_ranges = (double *)malloc(sizeof(double) * CB_LOG_RANGE_FIELDS * (size_t)max_ranges);
+    if (!t->log_nodes || !t->log_ranges) {
+        cb_token_log_enable(t, 0, 0);
+        return 0;
+    }
+    t->log_nodes_cap = max_nodes;
+    t->log_ranges_cap = max_ranges;
+    return 1;
+}
+
+static int64_t cb_log_copy(const double *src, int64_t n, int fields, void *out, int64_t max_rows) {
+    if (out && src) {
+        const int64_t k = n < max_rows ? n : max_rows;
+        for (int64_t i = 0; i < k * fields; i++) ((double *)out)[i] = src[i];
+    }
+    return n;
+}
+
+CB_EXPORT int64_t cb_token_log_nodes(const cb_token *t, void *out, int64_t max_rows) {
+    return cb_log_copy(t->log_nodes, t->log_nodes_n, CB_LOG_NODE_FIELDS, out, max_rows);
+}
+
+CB_EXPORT int64_t cb_token_log_ranges(const cb_token *t, void *out, int64_t max_rows) {
+    return cb_log_copy(t->log_ranges, t->log_ranges_n, CB_LOG_RANGE_FIELDS, out, max_rows);
 }
 
 /* ask=true: count the node; "show me" once the range's work fills the slice. */
@@ -375,7 +507,9 @@ static bool cb_eval_ask(cb_token *t, const void *tensor) {
         return true;  /* stop as soon as the nodes asked so far are computed */
     }
     const uint64_t ticks = cb_ticks();
-    if (t->range_nodes == 0 || ticks - t->last_ask_ticks > CB_ASK_GAP_TICKS) {
+    if (t->range_nodes == 0 || (ticks - t->last_ask_ticks > CB_ASK_GAP_TICKS && !cb_gap_was_wait(t))) {
+        if (t->range_nodes > 0) cb_log_range(t, 0.0, -1.0, -1.0, -1, 0.0);  /* computed without a sync callback */
+        t->range_seq++;
         t->range_start_ns = cb_now_ns();
         t->range_cpu_ns = cb_thread_cpu_ns();
         t->range_nodes = 0;
@@ -394,18 +528,21 @@ static bool cb_eval_ask(cb_token *t, const void *tensor) {
         t->key_scale[key] = 1.0f;
         t->range_work += w;
         cb_range_note(t, key, w);
+        cb_log_node(t, cls, w, w, 2);
         return true;
     }
     if (t->key_scale[key] <= 0.0f && slice > 0) {  /* a key not seen yet (or to learn again): end the range here, learn it */
         t->probe_key = key;
         t->probe_again = t->key_scale[key] < 0.0f;
         t->probe_work = w;
+        cb_log_node(t, cls, w, 0.0, 1);
         return true;
     }
     const double sw = w * (t->key_scale[key] > 0.0f ? t->key_scale[key] : 1.0f);
     t->range_work += sw;
     cb_range_note(t, key, sw);
-    return slice == 0 || t->range_work * ns_per_work >= (double)slice;
+    cb_log_node(t, cls, w, sw, 0);
+    return slice == 0 || t->range_work * ns_per_work >= (double)slice || t->range_nodes >= CB_RANGE_MAX_NODES;
 }
 
 /* ask=false: the range up to this node is computed and synchronized. */
@@ -433,6 +570,8 @@ static bool cb_eval_seen(cb_token *t) {
         const bool cpu_live = cpu * 20.0 >= took;
         const double kt = cpu_live ? cpu : took;
         const double kest = cpu_live && t->cpu_per_work > 0.0 ? t->cpu_per_work : est;
+        cb_log_range(t, t->range_work * kest, cpu, took,
+                     t->probe_key >= 0 ? (t->probe_again ? 2 : 1) : (est <= 0.0 ? 3 : 0), t->range_work * est);
         if (t->probe_key >= 0 && est > 0.0) {
             /* what the known nodes should have cost; the rest is the new key's (at least a quarter) */
             double rest = kt - t->range_work * kest;

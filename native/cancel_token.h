@@ -177,6 +177,37 @@ CB_EXPORT int64_t cb_token_max_range_est_ns(const cb_token *t);
  * thread. */
 CB_EXPORT int64_t cb_token_max_range_cpu_ns(const cb_token *t);
 
+/* --- eval reader profiling log (debug; off unless enabled) ------------- */
+
+/* Gives the eval reader room to log up to max_nodes nodes asked and max_ranges
+ * ranges (rows of doubles; a full log stops logging, it never wraps), clearing
+ * any earlier log; 0 for either frees the log and turns it off. Kept across
+ * cb_token_reset (a profile may span trials); freed by cb_token_free. Returns 1,
+ * or 0 when out of memory (the log is then off). Between graphs.
+ *
+ * Node row (6 doubles): range sequence number, op (ggml_op value; 0 for a node
+ * not computed), floor(log2(work)), work (cb_node_work), scaled work (work x its
+ * key's learned scale, as counted in the range; 0 for a probe node), kind
+ * (0 counted, 1 ended its range to learn its key, 2 the first node after the
+ * costs were forgotten).
+ * Range row (8 doubles): range sequence number, nodes, estimate in cost units
+ * (ns: range work x the learned CPU cost per work where the graph thread's CPU
+ * time is live, else the wall estimate), graph-thread CPU ns, wall ns (first
+ * ask to sync), kind (0 plain, 1 probe, 2 re-probe, 3 first range; -1 a range
+ * computed without a sync callback, e.g. a split that ended with no node asked
+ * to be seen: CPU and wall -1), wall estimate (range work x ns_per_work), polls
+ * at its end. The estimate is the one the reader held before learning from the
+ * range. */
+CB_EXPORT int cb_token_log_enable(cb_token *t, int64_t max_nodes, int64_t max_ranges);
+
+/* Copies up to max_rows node rows (6 doubles each) into out (NULL: none) and
+ * returns how many are logged. Between graphs. */
+CB_EXPORT int64_t cb_token_log_nodes(const cb_token *t, void *out, int64_t max_rows);
+
+/* Copies up to max_rows range rows (8 doubles each) into out (NULL: none) and
+ * returns how many are logged. Between graphs. */
+CB_EXPORT int64_t cb_token_log_ranges(const cb_token *t, void *out, int64_t max_rows);
+
 /* --- process-wide ggml tensor layout ----------------------------------- */
 
 /* Finds ne[], op, flags and src[] in struct ggml_tensor of the loaded ggml from
@@ -191,6 +222,12 @@ CB_EXPORT int cb_eval_calibrate(const void *a, const void *b, const void *mm, in
  * multiply-adds per output element. Returns 1 if checked. Same thread and
  * time as cb_eval_calibrate. */
 CB_EXPORT int cb_eval_calibrate_flash_attn(const void *q, const void *k, const void *fa);
+
+/* After cb_eval_calibrate succeeded: v = a view-type op of src (ggml_reshape_*,
+ * ggml_view_*, ggml_permute, ggml_transpose; not computed) teaches the reader that
+ * v's op moves no data, so a node of it weighs its dispatch alone, whatever its
+ * size. Returns 1 if checked. Same thread and time as cb_eval_calibrate. */
+CB_EXPORT int cb_eval_calibrate_no_op(const void *src, const void *v);
 
 /* The eval reader's work estimate of one ggml tensor (element units; 1.0 when
  * not calibrated, for NULL, or for a node the graph does not compute). Any

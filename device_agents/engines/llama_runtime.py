@@ -74,16 +74,32 @@ def calibrate_eval_reader() -> bool:
         libggml.ggml_set_output(mm)
         if not native.calibrate_eval_reader(a, b, mm, k, m, n):
             return False
-        before = native.node_work(mm)  # not in a graph yet: not computed, weighs ~nothing
+        before = native.node_work(mm)  # not in a graph yet: not computed, weighs its dispatch alone
         libggml.ggml_build_forward_expand(libggml.ggml_new_graph_custom(ctx, 16, False), mm)
-        if not (before < k and native.node_work(mm) > m * n * k):
+        if not (before <= 1024 < m * n * k < native.node_work(mm)):
             return False
         q = libggml.ggml_new_tensor_3d(ctx, 1, 64, 8, 2)  # GGML_TYPE_F16: head dim, tokens, heads
         kv = [libggml.ggml_new_tensor_3d(ctx, 1, 64, 32, 2) for _ in range(2)]
         fa = libggml.ggml_flash_attn_ext(ctx, q, kv[0], kv[1], None, 0.125, 0.0, 0.0)
-        return native.calibrate_eval_reader_flash_attn(q, kv[0], fa)
+        return native.calibrate_eval_reader_flash_attn(q, kv[0], fa) and _calibrate_no_ops(ctx, a, k, m)
     finally:
         libggml.ggml_free(ctx)
+
+
+def _calibrate_no_ops(ctx, a: int, k: int, m: int) -> bool:
+    """The ops that move no data (ggml_op_is_empty), each shown to the reader as a real tensor of
+    the loaded ggml: a view of a large weight costs what a view of a small one does."""
+    from llama_cpp._ggml import libggml
+
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    sigs = {"ggml_reshape_1d": [p, p, i64], "ggml_view_1d": [p, p, i64, ctypes.c_size_t],
+            "ggml_permute": [p, p, i32, i32, i32, i32], "ggml_transpose": [p, p]}
+    for name, argtypes in sigs.items():
+        getattr(libggml, name).restype = p
+        getattr(libggml, name).argtypes = argtypes
+    views = (libggml.ggml_reshape_1d(ctx, a, k * m), libggml.ggml_view_1d(ctx, a, k, 0),
+             libggml.ggml_permute(ctx, a, 1, 0, 2, 3), libggml.ggml_transpose(ctx, a))
+    return all(native.calibrate_eval_reader_no_op(a, v) for v in views)
 
 
 GGML_LOG_LEVEL_ERROR = 4
