@@ -249,12 +249,16 @@ static _Atomic int32_t cb_op_flash_attn = -1;
 static _Atomic uint8_t cb_op_no_op[CB_OP_CLASSES];
 /* Build knobs of the cost model, for benchmarks/bench_graph_profile.py's before/after (the
  * reader before issue 26: -DCB_RANGE_KEYS=16 -DCB_RANGE_MAX_NODES=1000000000
- * -DCB_NO_OP_DISPATCH=0 -DCB_GAP_WAIT_CHECK=0). Production builds use the defaults. */
+ * -DCB_NO_OP_DISPATCH=0 -DCB_GAP_WAIT_CHECK=0 -DCB_CPU_UNIT_FIXED=0). Production builds use
+ * the defaults. */
 #ifndef CB_NO_OP_DISPATCH
 #define CB_NO_OP_DISPATCH 1
 #endif
 #ifndef CB_GAP_WAIT_CHECK
 #define CB_GAP_WAIT_CHECK 1
+#endif
+#ifndef CB_CPU_UNIT_FIXED
+#define CB_CPU_UNIT_FIXED 1
 #endif
 #define CB_NODE_WORK 1024.0  /* per-node dispatch, in element units */
 
@@ -576,7 +580,8 @@ static bool cb_eval_seen(cb_token *t) {
             /* what the known nodes should have cost; the rest is the new key's (at least a quarter) */
             double rest = kt - t->range_work * kest;
             if (rest < 0.25 * kt) rest = 0.25 * kt;
-            t->key_scale[t->probe_key] = (float)(rest / (t->probe_work * kest));
+            const double sc = rest / (t->probe_work * kest);
+            t->key_scale[t->probe_key] = (float)(sc < 1e-6 ? 1e-6 : (sc <= 1e9 ? sc : 1e9));
             atomic_fetch_add_explicit(t->probe_again ? &t->reprobes : &t->probes, 1, memory_order_relaxed);
         } else if (est <= 0.0) {
             const double work = t->range_work > 1.0 ? t->range_work : 1.0;
@@ -597,7 +602,12 @@ static bool cb_eval_seen(cb_token *t) {
             double rk = kt / (t->range_work * kest);
             if (rk > 8.0) rk = 8.0;
             if (rk < 0.125) rk = 0.125;
-            if (cpu_live) {
+            /* cpu_per_work is the unit the key scales are counted in: set once, then the keys
+             * alone follow the cost. Moved by every range too, it and the scales drifted
+             * apart along the one direction that leaves estimates unchanged until a clamp
+             * broke the balance: under load the CPU unit fell toward 0 and every estimate
+             * with it (ranges then ended only at the node cap; docs/mechanisms.md). */
+            if (cpu_live && (t->cpu_per_work <= 0.0 || !CB_CPU_UNIT_FIXED)) {
                 t->cpu_per_work = t->cpu_per_work > 0.0 ? t->cpu_per_work * (1.0 + 0.25 * (rk - 1.0))
                                                         : cpu / t->range_work;
             }
@@ -607,6 +617,7 @@ static bool cb_eval_seen(cb_token *t) {
                 float *sc = &t->key_scale[t->range_key[i]];
                 *sc = (float)(*sc * (1.0 + 0.5 * share * (rk - 1.0)));
                 if (*sc < 1e-6f) *sc = 1e-6f;  /* stays learned (0 = not seen) */
+                if (!(*sc <= 1e9f)) *sc = 1e9f;  /* finite (a NaN fails the test too) */
                 if (t->range_key_work[i] > t->range_key_work[worst]) worst = i;
             }
             /* A range that cost over twice its estimate (in CPU time: not a wait for a

@@ -6,7 +6,8 @@ range and views of large weights among them.
 * a node that moves no data (a view-type op, a node the graph does not compute) weighs its
   dispatch alone, whatever its size — on the real ggml too;
 * a range ends after CB_RANGE_MAX_NODES nodes, so no graph runs whole without a sync;
-* every key of a range is corrected by the range's cost, not the first 16;
+* every key of a range is corrected by the range's cost, not the first 16, and the CPU unit
+  the keys are counted in stays put;
 * a wait for a CPU between two asks does not end a range, work between them does.
 
 Counters, shapes and the reader's own log only: no wall-clock bound. The fake-tensor checks
@@ -118,15 +119,19 @@ def test_every_key_of_a_range_is_corrected_by_its_cost():
             for x in nodes:  # the re-probed key ends its range; the rest are logged as counted
                 if ev(x, True, t.address):
                     ev(None, False, t.address)
-            rows = t.log_rows()[0]
-            return rows[len(nodes):2 * len(nodes)], rows[2 * len(nodes):]
+            rows, ranges = t.log_rows()
+            return rows[len(nodes):2 * len(nodes)], rows[2 * len(nodes):], rows, ranges
 
         for _ in range(5):
-            during, after = overrun()
+            during, after, rows, ranges = overrun()
             if len({row[0] for row in during}) == 1:  # the overrun was one range
                 break
         grew = [i for i, (x, y) in enumerate(zip(during, after)) if y[4] > x[4]]
         assert len(grew) >= len(nodes) - 1, f"keys not corrected: {sorted(set(range(len(nodes))) - set(grew))}"
+        # the CPU unit the scales are counted in (a range's estimate over its scaled work) stays put:
+        # the keys alone follow the cost (a unit moved too drifted against them, toward 0)
+        unit = [r[2] / sum(n[4] for n in rows if n[0] == r[0]) for r in ranges if r[5] == 0]
+        assert len(unit) >= 2 and max(unit) <= min(unit) * (1 + 1e-9), unit
         """)
 
 
