@@ -70,6 +70,11 @@ def _llama_settings(n_batch: int, chunk_tokens: int) -> tuple[Setting, ...]:
     )
 
 
+# Speech engines: where the projector's graphs run (llama.cpp's --no-mmproj-offload is false here).
+_MMPROJ_OFFLOAD = Setting("mmproj_offload", "bool", True, doc="the projector's graphs (TTS code predictor and "
+                          "code2wav, STT audio encoder) on the device with the model; false: on the CPU")
+
+
 _LLAMA_MECHANISMS = tuple(MechanismInfo(m.name, m.reaches) for m in MECHANISMS.values())
 
 
@@ -101,11 +106,11 @@ DECLARATIONS: dict[str, Declaration] = {
         Setting("top_k", "int", None, 1, MAX_INT32, "sampling top-k (default 50)"),
         Setting("temp", "float", None, 0.0, 100.0, "sampling temperature (default 0.9)", width="float64"),
         Setting("seed", "int", None, 0, MAX_SEED, "sampler seed (default: the sweep's seed)",
-                column="sampling_seed", width="int64"),
+                column="sampling_seed", width="int64"), _MMPROJ_OFFLOAD,
     ), step_phases=("set_input", "prompt", "generate", "code2wav")),  # output steps only without a window left
     "stt": _declare("stt", ("preprocess", "prefill", "encode", "decode_embd", "generate"), _llama_settings(256, 32) + (
         Setting("max_tokens", "int", 16, 1, MAX_INT32, "generated tokens"),
-        Setting("system_prompt", "string", None, doc="system prompt (default none)"),
+        Setting("system_prompt", "string", None, doc="system prompt (default none)"), _MMPROJ_OFFLOAD,
     ), input="audio_path"),
     "probe": _declare("probe", ("busy",), (
         Setting("duration_us", "int", 200_000, 1, MAX_DURATION_US, "busy-loop duration, us", width="int64"),

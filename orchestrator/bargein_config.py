@@ -66,7 +66,7 @@ LEAD_SAMPLES = 16  # aim = cancel: the onset's lead is the median detection of t
 
 
 def trial_bargein(settings: BargeinSettings | None, trial_id: str, delivery: str, seed: int,
-                  detections_ns: list[int]) -> BargeinTrial | None:
+                  detections_ns) -> BargeinTrial | None:
     """The barge-in part of a cancel trial's request (None for every other trial). With
     aim = cancel, the onset's lead: the median detection (onset -> fired) of the latest
     barge-ins of this workload on this device (``detections_ns``); before any, min_speech_ms
@@ -75,7 +75,7 @@ def trial_bargein(settings: BargeinSettings | None, trial_id: str, delivery: str
         return None
     lead = 0.0
     if settings.aim == "cancel":
-        last = sorted(detections_ns[-LEAD_SAMPLES:])
+        last = sorted(list(detections_ns)[-LEAD_SAMPLES:])
         lead = last[(len(last) - 1) // 2] / 1e6 if last else float(settings.min_speech_ms + settings.chunk_ms)
     return trial_of(settings, clip_entries(settings.clips), trial_id, seed, lead)
 

@@ -98,3 +98,16 @@ def test_clips_go_round_robin_over_the_set_within_a_cell():
     # the noise seed depends on the trial and the sweep's seed, so a resumed trial streams the same
     assert trial_of(s, entries, "a.0001", 1).noise_seed == trial_of(s, entries, "a.0001", 1).noise_seed
     assert trial_of(s, entries, "a.0001", 1).noise_seed != trial_of(s, entries, "a.0001", 2).noise_seed
+
+
+def test_aim_cancel_leads_the_onset_by_the_median_of_recent_detections():
+    import collections
+
+    from cancelbench.orchestrator.bargein_config import trial_bargein
+    s = parse_settings({"aim": "cancel", "clips": "bargein-ci"}, "w")
+    seen = collections.deque([90 * MS, 50 * MS, 70 * MS], maxlen=64)  # the driver keeps bounded deques
+    assert trial_bargein(s, "c.0000", "detector", 0, seen).onset_lead_ms == 70.0
+    assert trial_bargein(s, "c.0000", "detector", 0, collections.deque()).onset_lead_ms == 64 + 20
+    onset = parse_settings({"clips": "bargein-ci"}, "w")
+    assert trial_bargein(onset, "c.0000", "detector", 0, seen).onset_lead_ms == 0.0
+    assert trial_bargein(onset, "c.0000", "agent", 0, seen) is None

@@ -88,6 +88,7 @@ class SttEngine(LlamaEngine):
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_embd_inp = llama_cpp.llama_model_n_embd_inp(self.model)
         self.use_gpu = self.n_gpu_layers > 0
+        self.mmproj_offload = bool(workload.get("mmproj_offload", True))
         m0 = self._sets[False] = self._build_set(None)
         m0 = m0.handles["mctx"]
         if not M.mtmd_support_audio(m0):
@@ -103,7 +104,8 @@ class SttEngine(LlamaEngine):
         """The text model's context, its batch, and the mtmd (audio encoder) context."""
         ctx = rt.new_context(self.model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
                              n_threads=self.n_threads, offload=self.use_gpu, eval_token=eval_token)
-        mctx = X.init_mtmd(self.mmproj_path, self.model, n_threads=self.n_threads, use_gpu=self.use_gpu,
+        mctx = X.init_mtmd(self.mmproj_path, self.model, n_threads=self.n_threads,
+                           use_gpu=self.use_gpu and self.mmproj_offload,
                            eval_token=eval_token)
         return ContextSet(eval_token is not None, ctx, {"mctx": mctx, "batch": llama_cpp.llama_batch_ext_init(ctx)})
 
@@ -118,7 +120,7 @@ class SttEngine(LlamaEngine):
     def describe(self) -> dict:
         return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
                 "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_tokens,
-                "n_gpu_layers": self.n_gpu_layers, "use_extra_bufts": self.use_extra_bufts, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
+                "n_gpu_layers": self.n_gpu_layers, "mmproj_offload": self.mmproj_offload, "use_extra_bufts": self.use_extra_bufts, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
                 "graph_slice_us": self.graph_slice_us, "system_prompt": self.system_prompt}
 
     def load_audio(self, path: str):

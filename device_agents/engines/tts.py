@@ -111,6 +111,7 @@ class TtsEngine(LlamaEngine):
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_embd = llama_cpp.llama_model_n_embd(self.model)
         self.use_gpu = self.n_gpu_layers > 0
+        self.mmproj_offload = bool(workload.get("mmproj_offload", True))
         plain = self._sets[False] = self._build_set(None)
         info = M.mtmd_gen_audio_get_info(plain.handles["mctx"])
         if info.type != M.MTMD_GEN_AUDIO_TYPE_QWEN3TTS:
@@ -126,7 +127,8 @@ class TtsEngine(LlamaEngine):
         """The talker's context (hidden states on), the mtmd context and the gen helper over both."""
         ctx = rt.new_context(self.model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
                              n_threads=self.n_threads, offload=self.use_gpu, eval_token=eval_token, embeddings=True)
-        mctx = X.init_mtmd(self.mmproj_path, self.model, n_threads=self.n_threads, use_gpu=self.use_gpu,
+        mctx = X.init_mtmd(self.mmproj_path, self.model, n_threads=self.n_threads,
+                           use_gpu=self.use_gpu and self.mmproj_offload,
                            eval_token=eval_token)
         gen = M.mtmd_helper_gen_audio_init(ctx, mctx)
         return ContextSet(eval_token is not None, ctx, {"mctx": mctx, "gen": gen})
@@ -152,7 +154,7 @@ class TtsEngine(LlamaEngine):
     def describe(self) -> dict:
         return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
                 "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_frames, "max_frames": self.max_frames,
-                "n_gpu_layers": self.n_gpu_layers, "use_extra_bufts": self.use_extra_bufts, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
+                "n_gpu_layers": self.n_gpu_layers, "mmproj_offload": self.mmproj_offload, "use_extra_bufts": self.use_extra_bufts, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
                 "samples_per_frame": self.samples_per_frame, "window_frames": WINDOW_FRAMES,
                 "graph_slice_us": self.graph_slice_us, "temp": self.temp, "top_k": self.top_k,
                 "sampling_seed": self.sampling_seed, "lang": self.lang}
