@@ -97,11 +97,20 @@ def noise_section(result: TrendResult) -> Section:
         show = lambda v, f: "–" if v is None else f(v)  # noqa: E731
         rows.append([sweep_label(s), str(facts.n), show(facts.wait_share, lambda v: f"{v:.0%}"),
                      show(facts.load_1m, lambda v: f"{v:.2f}"), show(facts.procs_running, lambda v: f"{v:g}"),
-                     show(facts.steal, lambda v: f"{v:.2f}"), "" if check is None or not check.flagged else check.line()])
-    return Section("Host noise", "per sweep, over its cancel trials with cpu columns: the engine threads' CPU-wait "
-                   "share, median load average and runnable tasks, stolen CPUs; flagged against the sweep before",
-                   ["sweep", "n", "CPU-wait share", "load 1m", "runnable", "steal", "vs the previous sweep"], rows,
+                     show(facts.steal, lambda v: f"{v:.2f}"), _flagged(check)])
+    return Section("Host noise", "per sweep, over its trials with cpu columns: the engine thread's CPU-wait share, "
+                   "median load average and runnable tasks, stolen CPUs; NOISY: noisier than the sweep before "
+                   "(which facts; the JSON's noise has the values)",
+                   ["sweep", "n", "wait share", "load", "runnable", "steal", "vs previous"], rows,
                    key_columns=1, sid="noise")
+
+
+def _flagged(check) -> str:
+    """Short: NOISY and the facts (the headline and the JSON say by how much)."""
+    if check is None or not check.flagged:
+        return ""
+    facts = sorted({why.split(" ")[0] for _, why in check.reasons})
+    return f"NOISY {' and '.join(check.noisy)}: {', '.join(facts)}"
 
 
 def verdict_word(result: TrendResult) -> str:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -143,11 +144,40 @@ def test_cancel_control_takes_the_window_from_receipt_to_terminal():
     cols = ctl.cpu.columns()
     assert cols["cpu_account_source"] == "schedstat" and cols["engine_cpu_ms"] > 0
     assert cols["engine_threads"] == len(os.listdir("/proc/self/task"))
+    # the trial thread (this one, which built the window) worked between its two reads
+    assert 0 < cols["trial_cpu_ms"] and cols["trial_cpu_wait_ms"] >= 0 and cols["cpu_window_ms"] > 0
+    assert cols["trial_run_cpu_ms"] >= cols["trial_cpu_ms"]  # the whole trial holds the window
     late = CancelControl(native.CancelToken(), Progress())
     late.cpu = ca.Window(os.getpid())
     late.close()
     assert not late.request(native.now_ns())  # after the terminal state: not this trial's, no window
-    assert late.cpu.columns() == {}
+    assert set(late.cpu.columns()) == {"trial_run_cpu_ms", "trial_run_wait_ms"}  # only the whole trial's
+
+
+@linux_only
+def test_the_trial_threads_reads_bracket_its_work_and_a_window_on_another_thread_has_none():
+    """The split's figures are the building thread's: a cancel taken on another thread reads it
+    there (under the cancel's lock), the terminal read is its own; built elsewhere, no split."""
+    ctl = CancelControl(native.CancelToken(), Progress())
+    ctl.cpu = ca.Window(os.getpid())
+    t = threading.Thread(target=lambda: ctl.request(native.now_ns()))
+    t.start()
+    t.join()
+    t0 = time.thread_time_ns()
+    sum(range(300_000))
+    worked_ms = (time.thread_time_ns() - t0) / 1e6
+    ctl.close()
+    cols = ctl.cpu.columns()
+    assert worked_ms <= cols["trial_cpu_ms"] <= cols["cpu_window_ms"] + cols["trial_cpu_wait_ms"]
+    other: dict = {}
+    th = threading.Thread(target=lambda: other.update(w=ca.Window(os.getpid())))
+    th.start()
+    th.join()
+    w = other["w"]
+    w.owe_receipt()
+    w.at_receipt()
+    w.at_terminal()  # not on the window's trial thread (gone): no terminal read of it
+    assert "trial_cpu_ms" not in w.columns() and w.columns()["cpu_account_source"] == "schedstat"
 
 
 @linux_only
