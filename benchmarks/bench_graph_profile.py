@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 # The eval reader before issue 26's fixes, built from the same source (cancel_token.c's build knobs)
 LEGACY_FLAGS = ("-DCB_RANGE_KEYS=16", "-DCB_RANGE_MAX_NODES=1000000000", "-DCB_NO_OP_DISPATCH=0",
-                "-DCB_GAP_WAIT_CHECK=0", "-DCB_CPU_UNIT_FIXED=0")
+                "-DCB_GAP_WAIT_CHECK=0", "-DCB_CPU_UNIT_FIXED=0", "-DCB_KEY_STALE_SYNCS=4294967295u")
 
 
 def use_variant(variant: str) -> list[str]:

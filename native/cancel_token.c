@@ -49,6 +49,8 @@ struct cb_token {
     uint64_t last_ask_ticks;   /* when the last node was asked (cb_ticks) */
     uint32_t range_nodes;      /* nodes asked in the current range */
     double range_work;         /* their estimated work (cb_node_work x the key's learned scale) */
+    uint32_t key_synced[CB_KEYS]; /* lifetime_syncs when the key was last measured (probed or corrected) */
+    uint32_t lifetime_syncs;   /* ranges synced since the costs were forgotten (not reset per trial) */
     float key_scale[CB_KEYS];  /* learned cost of a key (op x work bucket) per unit of work, relative;
                                   0 = not seen, -1 = to be learned again (re-probe) */
     int32_t probe_key;         /* key of a first-seen node that ended the current range; -1 none */
@@ -219,7 +221,8 @@ CB_EXPORT void cb_token_forget_costs(cb_token *t) {
     t->range_nkeys = 0;
     t->probe_key = -1;
     t->probe_work = 0.0;
-    for (int i = 0; i < CB_KEYS; i++) t->key_scale[i] = 0.0f;
+    for (int i = 0; i < CB_KEYS; i++) t->key_scale[i] = 0.0f, t->key_synced[i] = 0;
+    t->lifetime_syncs = 0;
     atomic_thread_fence(memory_order_seq_cst);
 }
 
@@ -249,7 +252,8 @@ static _Atomic int32_t cb_op_flash_attn = -1;
 static _Atomic uint8_t cb_op_no_op[CB_OP_CLASSES];
 /* Build knobs of the cost model, for benchmarks/bench_graph_profile.py's before/after (the
  * reader before issue 26: -DCB_RANGE_KEYS=16 -DCB_RANGE_MAX_NODES=1000000000
- * -DCB_NO_OP_DISPATCH=0 -DCB_GAP_WAIT_CHECK=0 -DCB_CPU_UNIT_FIXED=0). Production builds use
+ * -DCB_NO_OP_DISPATCH=0 -DCB_GAP_WAIT_CHECK=0 -DCB_CPU_UNIT_FIXED=0 -DCB_KEY_STALE_SYNCS=4294967295).
+ * Production builds use
  * the defaults. */
 #ifndef CB_NO_OP_DISPATCH
 #define CB_NO_OP_DISPATCH 1
@@ -385,6 +389,15 @@ CB_EXPORT double cb_node_work(const void *tensor) {
  * apart; a sync costs ~1 us on the CPU backend, ~0.1% per 1024 nodes. */
 #ifndef CB_RANGE_MAX_NODES
 #define CB_RANGE_MAX_NODES 1024
+#endif
+
+/* A key no synced range has measured for this many syncs lives only where no range is
+ * measured: a graph's tail, which the scheduler computes without a callback. Its next node
+ * ends a range to learn it again (a re-probe). The TTS talker's output head is such a key:
+ * the last nodes of a 150-node graph, never in a synced range, it cost 3 ms of CPU where the
+ * scale from its one probe said 0.9 (docs/mechanisms.md). */
+#ifndef CB_KEY_STALE_SYNCS
+#define CB_KEY_STALE_SYNCS 256
 #endif
 
 /* The calling thread's CPU time (ns): a range's wall time minus this is time the
@@ -530,10 +543,14 @@ static bool cb_eval_ask(cb_token *t, const void *tensor) {
     const double ns_per_work = atomic_load_explicit(&t->ns_per_work, memory_order_relaxed);
     if (ns_per_work <= 0.0) {  /* nothing learned: this node alone sets the scale */
         t->key_scale[key] = 1.0f;
+        t->key_synced[key] = t->lifetime_syncs;
         t->range_work += w;
         cb_range_note(t, key, w);
         cb_log_node(t, cls, w, w, 2);
         return true;
+    }
+    if (slice > 0 && t->key_scale[key] > 0.0f && t->lifetime_syncs - t->key_synced[key] > CB_KEY_STALE_SYNCS) {
+        t->key_scale[key] = -1.0f;  /* only ever in unmeasured stretches lately: learn it again */
     }
     if (t->key_scale[key] <= 0.0f && slice > 0) {  /* a key not seen yet (or to learn again): end the range here, learn it */
         t->probe_key = key;
@@ -553,6 +570,7 @@ static bool cb_eval_ask(cb_token *t, const void *tensor) {
 static bool cb_eval_seen(cb_token *t) {
     const int64_t now = cb_now_ns();
     atomic_fetch_add_explicit(&t->syncs, 1, memory_order_relaxed);
+    t->lifetime_syncs++;
     if (t->range_nodes > 0) {
         const int64_t range_ns = now - t->range_start_ns;
         const int64_t cpu_ns = cb_thread_cpu_ns() - t->range_cpu_ns;
@@ -582,6 +600,7 @@ static bool cb_eval_seen(cb_token *t) {
             if (rest < 0.25 * kt) rest = 0.25 * kt;
             const double sc = rest / (t->probe_work * kest);
             t->key_scale[t->probe_key] = (float)(sc < 1e-6 ? 1e-6 : (sc <= 1e9 ? sc : 1e9));
+            t->key_synced[t->probe_key] = t->lifetime_syncs;
             atomic_fetch_add_explicit(t->probe_again ? &t->reprobes : &t->probes, 1, memory_order_relaxed);
         } else if (est <= 0.0) {
             const double work = t->range_work > 1.0 ? t->range_work : 1.0;
@@ -615,6 +634,7 @@ static bool cb_eval_seen(cb_token *t) {
             for (uint32_t i = 0; i < t->range_nkeys; i++) {
                 const double share = t->range_key_work[i] / t->range_work;
                 float *sc = &t->key_scale[t->range_key[i]];
+                t->key_synced[t->range_key[i]] = t->lifetime_syncs;
                 *sc = (float)(*sc * (1.0 + 0.5 * share * (rk - 1.0)));
                 if (*sc < 1e-6f) *sc = 1e-6f;  /* stays learned (0 = not seen) */
                 if (!(*sc <= 1e9f)) *sc = 1e9f;  /* finite (a NaN fails the test too) */

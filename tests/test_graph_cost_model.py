@@ -168,3 +168,30 @@ def test_the_profiling_log_is_off_until_enabled_and_reads_back_rows():
         assert t.log_rows() == ([], [])
     finally:
         t.close()
+
+
+def test_a_key_no_synced_range_measured_lately_is_learned_again():
+    """A key met only where no range is synced (a graph's tail) goes stale: once 256 ranges have
+    synced without it, its next node ends a range to learn it again (``reprobes``)."""
+    _python(NO_OP + """
+        import gc
+        gc.disable()
+        t = native.CancelToken()
+        t.set_slice_us(10_000_000)
+        a = ctypes.addressof(tensor((4, 1, 1, 1), 5, COMPUTE))
+        b = ctypes.addressof(tensor((4, 1, 1, 1), 6, COMPUTE))
+        assert ev(a, True, t.address) is True and ev(None, False, t.address) is True
+        assert ev(b, True, t.address) is True and ev(None, False, t.address) is True  # b: probed, learned
+        assert ev(b, True, t.address) is False  # known: the range stays open
+        assert ev(None, False, t.address) is True
+        t.reset()
+        for _ in range(2_000_000):  # ranges of a alone (they end at the node cap) until 257 synced
+            if ev(a, True, t.address):
+                assert ev(None, False, t.address) is True
+                if t.syncs > 256:
+                    break
+        assert t.syncs > 256 and t.reprobes == 0
+        assert ev(b, True, t.address) is True, "a stale key did not end its range"
+        assert ev(None, False, t.address) is True and t.reprobes == 1
+        assert ev(b, True, t.address) is False  # measured again: known
+        """)
