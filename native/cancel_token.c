@@ -519,11 +519,11 @@ CB_EXPORT int64_t cb_token_log_ranges(const cb_token *t, void *out, int64_t max_
 /* ask=true: count the node; "show me" once the range's work fills the slice. */
 static bool cb_eval_ask(cb_token *t, const void *tensor) {
     atomic_fetch_add_explicit(&t->polls, 1, memory_order_relaxed);
-    if (atomic_load_explicit(&t->flag, memory_order_relaxed) != 0) {
-        cb_stamp_seen(t);
-        return true;  /* stop as soon as the nodes asked so far are computed */
-    }
     const uint64_t ticks = cb_ticks();
+    const bool flagged = atomic_load_explicit(&t->flag, memory_order_relaxed) != 0;
+    /* the range bookkeeping before the flag: a cancel seen at the first ask after a graph's
+     * unsynced tail must not make that tail, and the caller's work since (building the next
+     * graph), one "range" (a 1-node range of 4.2 ms in TTS cancels) */
     if (t->range_nodes == 0 || (ticks - t->last_ask_ticks > CB_ASK_GAP_TICKS && !cb_gap_was_wait(t))) {
         if (t->range_nodes > 0) cb_log_range(t, 0.0, -1.0, -1.0, -1, 0.0);  /* computed without a sync callback */
         t->range_seq++;
@@ -535,6 +535,10 @@ static bool cb_eval_ask(cb_token *t, const void *tensor) {
         t->probe_key = -1;
     }
     t->last_ask_ticks = ticks;
+    if (flagged) {
+        cb_stamp_seen(t);
+        return true;  /* stop as soon as the nodes asked so far are computed */
+    }
     t->range_nodes++;
     int cls;
     const double w = cb_node_work_class(tensor, &cls);
