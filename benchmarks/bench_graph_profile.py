@@ -17,7 +17,9 @@ every step call of the graph, uncancelled, at ``--slice-us``:
 Machine facts and the load (load average, ``/proc/loadavg`` runnable count, the process's
 CPU time against wall) stand beside the numbers: other work on the host is not controlled.
 
-    python benchmarks/bench_graph_profile.py [--graphs tts_generate,...] [--runs 3] [--label before]
+    python benchmarks/bench_graph_profile.py --variant=before|after|installed [--graphs tts_generate,...]
+        [--runs 2] [--repeats 2] [--label NAME] [--out JSON]     # adds a run under NAME to the JSON
+    python benchmarks/bench_graph_profile.py --table [--out JSON]  # its runs as docs/benchmarks.md's table
 """
 
 from __future__ import annotations
