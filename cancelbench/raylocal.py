@@ -22,9 +22,18 @@ def use_auth_mode(mode: str) -> None:
     Called where Ray is started or connected, never at import.
     """
     os.environ["RAY_AUTH_MODE"] = mode
-    from ray._raylet import Config
+    reload_auth()
+
+
+def reload_auth() -> None:
+    """Make this process read Ray's auth mode and token afresh (the config, then the token
+    cache: Ray's own order). Ray caches the token it first loaded (RAY_AUTH_TOKEN,
+    RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token); a process that started or joined one cluster and
+    then starts or joins another with another token otherwise sends the old one."""
+    from ray._raylet import AuthenticationTokenLoader, Config
 
     Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from cancelbench.orchestrator import cluster as cl
 from cancelbench.orchestrator.clock import estimate_offset
 from cancelbench.orchestrator.config import DeviceSelector, OffsetSpec, SweepConfig, WorkloadSpec
 from cancelbench.orchestrator.runner import SweepInputError, run_sweep
+from cancelbench.raylocal import reload_auth
 from cancelbench.sink import read_manifest, read_records
 
 CPU_TEXT = WorkloadSpec(name="text-small", model="fixture:text-llama-57m", prompt_tokens=64, max_tokens=4,
@@ -45,6 +46,7 @@ def ray_cluster():
     if ray.is_initialized():
         ray.shutdown()
     os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(24))  # token auth stays on
+    reload_auth()  # an earlier module's local Ray left its token cached in this process
     c = Cluster(initialize_head=True, head_node_args={**node_args("cpu-host", "cpu"), "include_dashboard": False})
     c.add_node(**node_args("vulkan-host", "cpu,vulkan:0"))
     c.add_node(**node_args("mac-host", "metal:0"))
