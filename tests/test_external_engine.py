@@ -146,7 +146,9 @@ def test_defective_engine_drops_early_cancels_and_fails_the_sweep(tmp_path):
     text = (header(["between_calls"], ["driver", "agent"], trials=2)
             + workload("defective", [PY, "-m", "cancelbench.sut.defective"],
                        f"activate_ms = {ACTIVATE_MS}, sim_phase_us = 2000, sim_steps = 2")
-            + workload("sound", SIM, "sim_phase_us = 2000, sim_steps = 2"))
+            # the sound engine's run outlasts an immediate cancel's trip on a loaded host by far (its first
+            # phase: 200 ms): a cancel that came after a 4 ms run completed it (a flaky `completed`)
+            + workload("sound", SIM, "sim_phase_us = 200000, sim_steps = 2"))
     r, out = sweep(tmp_path, tag, text)
     assert r.returncode == 1, r.stderr[-3000:]
     summary = [line for line in r.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
