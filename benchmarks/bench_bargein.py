@@ -30,8 +30,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
@@ -47,10 +45,10 @@ DETECTOR_SETTINGS = [  # (kind, frame_ms, min_speech_ms, threshold, webrtc_mode,
 
 
 def _pct(values, p: float) -> float | None:
+    """The report's nearest-rank percentile (reports.stats.percentile) of the non-null values."""
     from cancelbench.reports import stats
 
-    v = np.sort(np.asarray([x for x in values if x == x], dtype=float))
-    return stats.nearest_rank(v, p) if len(v) else None
+    return stats.percentile([x for x in values if x == x], p)
 
 
 def silenced_of(df):

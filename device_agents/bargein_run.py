@@ -142,8 +142,6 @@ def _detector(settings):
 
 def detector_settings(trial: BargeinTrial):
     """The detector's own settings object from the workload's barge-in settings."""
-    from .detectors import DetectorSettings
+    from .detectors import of_bargein
 
-    s = trial.settings
-    return DetectorSettings(kind=s.detector, frame_ms=s.frame_ms, min_speech_ms=s.min_speech_ms,
-                            threshold=s.threshold, webrtc_mode=s.webrtc_mode, warmup_ms=s.warmup_ms)
+    return of_bargein(trial.settings)

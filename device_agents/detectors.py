@@ -207,6 +207,13 @@ class WebrtcDetector(Detector):
         return self._vad.is_speech(frame.tobytes(), RATE)
 
 
+def of_bargein(s) -> DetectorSettings:
+    """The detector settings of a workload's barge-in settings (cancelbench.bargein.BargeinSettings):
+    checked here, where the driver validates a config and where the agent builds its detector."""
+    return DetectorSettings(kind=s.detector, frame_ms=s.frame_ms, min_speech_ms=s.min_speech_ms,
+                            threshold=s.threshold, webrtc_mode=s.webrtc_mode, warmup_ms=s.warmup_ms)
+
+
 def make_detector(settings: DetectorSettings) -> Detector:
     return SileroDetector(settings) if settings.kind == "silero" else WebrtcDetector(settings)
 

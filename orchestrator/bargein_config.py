@@ -35,10 +35,8 @@ def check_bargein(raw: object, engine: str, where: str) -> BargeinSettings:
                           f"the {engine} engine does not" + (" (the engine protocol has no audio event yet)"
                                                              if spec is None else ""))
     try:
-        from cancelbench.device_agents.detectors import DetectorSettings
-        DetectorSettings(kind=settings.detector, frame_ms=settings.frame_ms, min_speech_ms=settings.min_speech_ms,
-                         threshold=settings.threshold, webrtc_mode=settings.webrtc_mode,
-                         warmup_ms=settings.warmup_ms)
+        from cancelbench.device_agents.detectors import of_bargein
+        of_bargein(settings)  # the detector refuses what it cannot run
     except ValueError as exc:
         raise ConfigError(f"{where}: {' '.join(str(exc).split())}") from None
     clip_entries(settings.clips, f"{where}.clips")

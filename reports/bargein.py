@@ -68,8 +68,7 @@ def _pct(values: np.ndarray, p: float, confidence: float) -> float | None:
 
 
 def _median(values: np.ndarray) -> float | None:
-    v = values[~np.isnan(values)]
-    return stats.nearest_rank(np.sort(v), 0.5) if len(v) else None
+    return stats.percentile(values[~np.isnan(values)], 0.5)
 
 
 def bargein_of(table: pa.Table, confidence: float = stats.DEFAULT_CONFIDENCE) -> tuple[list, list]:
