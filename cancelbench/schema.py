@@ -42,9 +42,9 @@ from cancelbench.schema_cpu import CPU_FIELDS
 from . import schema_bargein
 
 # 2: every setting that shapes a trial is a column; 3: engines declare themselves (engine_* columns, external
-# engines); 4: the cpu group (engine work vs CPU wait); 5: barge-in (schema_bargein); readers accept older
-# versions (new columns null)
-SCHEMA_VERSION = 5
+# engines); 4: the cpu group (engine work vs CPU wait); 5: barge-in (schema_bargein); 6: trial_observe_cpu_ms
+# (engine work before the native reader saw the cancel); readers accept older versions (new columns null)
+SCHEMA_VERSION = 6
 
 # Partition columns of the hive-partitioned dataset (values sanitized for paths).
 PARTITION_COLUMNS = ("backend", "host")

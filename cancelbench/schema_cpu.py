@@ -16,6 +16,11 @@ The cpu group: sources and clocks
   terminal read, whatever the race) and first at the terminal state (on that thread).
   ``cpu_window_ms`` is the span of those two reads on the agent's monotonic clock
   (CLOCK_MONOTONIC, the clock of every ``t_*_ns``).
+* ``trial_observe_cpu_ms``, ``native_seen_where`` (graph_eval, in process): the eval reader,
+  which runs on the thread that computes the graph (the trial thread), stamps that thread's CPU
+  clock and where it stood when it first saw the token: at the sync of a range it asked to see
+  (``range_end``) or at a node's ask (``next_ask``: the cancel came where no node was polled).
+  The first minus the receipt read is the engine work done before the cancel was seen.
 * ``trial_run_cpu_ms``, ``trial_run_wait_ms``: the same thread over the whole trial (every
   trial, references too), for comparing hosts between sweeps.
 * ``host_*``: ``/proc/loadavg``, ``/proc/stat`` (steal, USER_HZ ticks) and cpufreq.
@@ -97,6 +102,18 @@ CPU_FIELDS: list[tuple] = [
     ("cpu_window_ms", _F64, "cpu", "the span of those two reads on the agent's monotonic clock, ms: what "
      "trial_cpu_ms and trial_cpu_wait_ms cover; latency_ms - cpu_window_ms is the part of the wall-clock "
      "residue they miss (the cancel's lock and token set before the receipt read)"),
+    ("trial_observe_cpu_ms", _F64, "cpu", "engine work before the cancel was seen: the trial thread's CPU clock when "
+     "graph_eval's eval reader first saw the token (stamped in native code on the thread that computes the graph, "
+     "the trial thread: ggml's scheduler calls back on its caller) minus its receipt read, ms (0 where the reader "
+     "saw the token before the receipt read). Its part of trial_cpu_ms ran where no node was polled: the rest of "
+     "the range in flight, or an unpolled stretch (a graph's tail, the caller's work between two graphs). Null for "
+     "other mechanisms, a cancel no eval reader saw, external engines"),
+    ("native_seen_where", _STR, "cpu", "where graph_eval's eval reader first saw the token (native stamp): "
+     "range_end (at the sync of a node range it asked to see: the cancel came while that range was computed, so the "
+     "stop waits for the range) | next_ask (at the next node asked: the cancel came where no sync was due, a graph's "
+     "unsynced tail or the engine's own work between or before graphs, such as building the next graph, which no "
+     "node reader can poll; trial_observe_cpu_ms is that stretch's work). Null for other mechanisms and external "
+     "engines"),
     ("trial_run_cpu_ms", _F64, "cpu", "the trial thread's CPU time over the whole trial, every trial (references too): "
      "from run_trial entered to the record's columns taken right after the engine's run, ms (its thread CPU clock; "
      "in-process engines only)"),

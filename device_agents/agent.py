@@ -298,7 +298,7 @@ class DeviceAgent:
             columns.update(bargein.columns(getattr(self._engine, "sample_rate", None), columns.get("t_terminal_ns"),
                                            columns.get("outcome") == "cancelled"))
         return {"abort_polls": ctl.token.polls, **self._meta_columns(), **columns, **self._engine_columns(),
-                **ctl.cpu.columns()}
+                **ctl.cpu.columns(), **ctl.cpu.observe_columns(ctl.token.seen_cpu_ns, ctl.token.seen_where)}
 
     def _engine_columns(self) -> dict:
         """Who the engine is (its declaration); an out-of-process engine adds its own stamps,

@@ -344,6 +344,15 @@ class Window:
         return {"trial_cpu_ms": (after[1] - before[1]) / 1e6, "trial_cpu_wait_ms": (after[2] - before[2]) / 1e6,
                 "cpu_window_ms": (after[0] - before[0]) / 1e6}
 
+    def observe_columns(self, seen_cpu_ns: int, seen_where: str | None) -> dict:
+        """``trial_observe_cpu_ms``: the trial thread's CPU clock at the eval reader's first sight of
+        the token (``seen_cpu_ns``, stamped on that thread; 0 = not stamped) minus its receipt read;
+        ``native_seen_where``: where that reader saw it."""
+        before = self._trial[0]
+        if not seen_cpu_ns or before is None:
+            return {}
+        return {"trial_observe_cpu_ms": max(0, seen_cpu_ns - before[1]) / 1e6, "native_seen_where": seen_where}
+
     def _run_columns(self) -> dict:
         """The trial thread over the whole trial: Window built (run_trial entered) -> now (the record's
         columns taken, on that thread, right after the engine's run)."""

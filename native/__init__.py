@@ -44,6 +44,8 @@ SIGNATURES: tuple[tuple[str, type | None, tuple[type, ...]], ...] = (
     ("cb_token_is_set", ctypes.c_bool, (_P,)),
     ("cb_token_set_ns", _I64, (_P,)),
     ("cb_token_seen_ns", _I64, (_P,)),
+    ("cb_token_seen_cpu_ns", _I64, (_P,)),
+    ("cb_token_seen_where", ctypes.c_int, (_P,)),
     ("cb_token_polls", _U64, (_P,)),
     ("cb_token_reader", ctypes.c_bool, (_P,)),
     ("cb_token_eval_reader", ctypes.c_bool, (_P, ctypes.c_bool, _P)),
@@ -232,6 +234,20 @@ class CancelToken:
     def seen_ns(self) -> int:
         """First time a native reader saw the flag set (0 = never seen natively)."""
         return _lib().cb_token_seen_ns(self._ptr)
+
+    @property
+    def seen_cpu_ns(self) -> int:
+        """The graph thread's CPU clock (CLOCK_THREAD_CPUTIME_ID) when the eval reader stamped
+        ``seen_ns`` (0 = not stamped by the eval reader)."""
+        return _lib().cb_token_seen_cpu_ns(self._ptr)
+
+    @property
+    def seen_where(self) -> str | None:
+        """Where the eval reader saw the token: ``range_end`` (the sync of a range it asked to
+        see: the cancel came while that range was computed), ``next_ask`` (a node's ask: the
+        cancel came where no sync was due, a graph's unsynced tail or the caller's work between
+        or before graphs); None when no eval reader stamped it."""
+        return {1: "range_end", 2: "next_ask"}.get(_lib().cb_token_seen_where(self._ptr))
 
     @property
     def polls(self) -> int:

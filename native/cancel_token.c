@@ -37,6 +37,8 @@ struct cb_token {
     _Atomic uint8_t flag;      /* offset 0: non-zero means abort */
     _Atomic int64_t set_ns;    /* when cb_token_set stored the flag */
     _Atomic int64_t seen_ns;   /* first time a reader saw the flag set; 0 = never */
+    _Atomic int64_t seen_cpu_ns; /* the eval reader's thread CPU clock when it stamped seen_ns; 0 = not stamped there */
+    _Atomic int seen_where;      /* where the eval reader stamped it: 0 not there, 1 a range's sync, 2 a node's ask */
     _Atomic uint64_t polls;    /* reader calls since the last reset (eval reader: one per node asked) */
     /* eval reader (cb_token_eval_reader), see there */
     _Atomic int64_t slice_ns;      /* configuration: target time between syncs; 0 = every node */
@@ -111,6 +113,8 @@ CB_EXPORT void cb_token_reset(cb_token *t) {
     atomic_store_explicit(&t->flag, 0, memory_order_relaxed);
     atomic_store_explicit(&t->set_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&t->seen_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->seen_cpu_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->seen_where, 0, memory_order_relaxed);
     atomic_store_explicit(&t->polls, 0, memory_order_relaxed);
     atomic_store_explicit(&t->syncs, 0, memory_order_relaxed);
     atomic_store_explicit(&t->max_range_ns, 0, memory_order_relaxed);
@@ -146,6 +150,14 @@ CB_EXPORT int64_t cb_token_set_ns(const cb_token *t) {
 
 CB_EXPORT int64_t cb_token_seen_ns(const cb_token *t) {
     return atomic_load_explicit(&((cb_token *)t)->seen_ns, memory_order_relaxed);
+}
+
+CB_EXPORT int64_t cb_token_seen_cpu_ns(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->seen_cpu_ns, memory_order_relaxed);
+}
+
+CB_EXPORT int cb_token_seen_where(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->seen_where, memory_order_relaxed);
 }
 
 CB_EXPORT uint64_t cb_token_polls(const cb_token *t) {
@@ -408,6 +420,24 @@ static int64_t cb_thread_cpu_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
 }
 
+/* The eval reader's stamp: seen_ns, the graph thread's CPU clock with it, and where. The eval
+ * reader runs on the thread that computes the graph (the caller's: ggml's scheduler calls back
+ * there), so the agent can set that clock against its receipt read of the same thread: the
+ * engine work done before the cancel was seen. Where: at a range's sync (1), the cancel came
+ * while a range the reader asked to see was computed; at a node's ask (2), it came where no
+ * sync was due: a graph's unsynced tail, or the caller's own work between or before graphs
+ * (building the next graph), which no reader can poll. */
+static void cb_stamp_seen_eval(cb_token *t, int where) {
+    if (atomic_load_explicit(&t->seen_ns, memory_order_relaxed) == 0) {
+        int64_t zero = 0;
+        const int64_t cpu = cb_thread_cpu_ns();
+        if (atomic_compare_exchange_strong(&t->seen_ns, &zero, cb_now_ns())) {
+            atomic_store_explicit(&t->seen_cpu_ns, cpu, memory_order_relaxed);
+            atomic_store_explicit(&t->seen_where, where, memory_order_relaxed);
+        }
+    }
+}
+
 static inline uint64_t cb_ticks(void) {
 #if defined(__x86_64__) || defined(__i386__)
     return __rdtsc();
@@ -536,7 +566,7 @@ static bool cb_eval_ask(cb_token *t, const void *tensor) {
     }
     t->last_ask_ticks = ticks;
     if (flagged) {
-        cb_stamp_seen(t);
+        cb_stamp_seen_eval(t, 2);
         return true;  /* stop as soon as the nodes asked so far are computed */
     }
     t->range_nodes++;
@@ -655,7 +685,7 @@ static bool cb_eval_seen(cb_token *t) {
     t->range_work = 0.0;
     t->range_nkeys = 0;
     if (atomic_load_explicit(&t->flag, memory_order_relaxed) != 0) {
-        cb_stamp_seen(t);
+        cb_stamp_seen_eval(t, 1);
         return false;
     }
     return true;

@@ -25,7 +25,7 @@
  *   When:  between trials, never while a native call polls the token, and
  *          serialized with cb_token_set by the caller (a set racing a reset
  *          can be lost; cancelbench holds the control's lock across both).
- *   Clears (trial state): the flag, set_ns, seen_ns, polls, syncs,
+ *   Clears (trial state): the flag, set_ns, seen_ns, seen_cpu_ns, seen_where, polls, syncs,
  *          max_range_ns, the debug counters (probes, reprobes, max_range_est_ns,
  *          max_range_cpu_ns), and
  *          the eval reader's current range (its start, nodes, work, and any
@@ -96,6 +96,17 @@ CB_EXPORT int64_t cb_token_set_ns(const cb_token *t);
 
 /* When a native reader first saw the flag set (ns); 0 = never. Any thread. */
 CB_EXPORT int64_t cb_token_seen_ns(const cb_token *t);
+
+/* The eval reader's stamp of seen_ns also stamps the CPU clock of the thread that
+ * computes the graph (CLOCK_THREAD_CPUTIME_ID, ns); 0 = the flag was not first seen
+ * by the eval reader (another reader, or not seen). Cleared by reset. Any thread. */
+CB_EXPORT int64_t cb_token_seen_cpu_ns(const cb_token *t);
+
+/* Where the eval reader stamped seen_ns: 0 = not the eval reader, 1 = at the sync of a range
+ * it asked to see (the cancel came while that range was computed), 2 = at a node's ask (it
+ * came where no sync was due: a graph's unsynced tail, the caller's work between or before
+ * graphs). Cleared by reset. Any thread. */
+CB_EXPORT int cb_token_seen_where(const cb_token *t);
 
 /* Abort-reader calls plus graph nodes the eval reader was asked about, since
  * the last reset. Any thread. */

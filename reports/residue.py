@@ -17,6 +17,12 @@ The caps matter only at the edges: a wait in progress at the receipt read is cou
 by schedstat (its part before the receipt included); ``cpu_window_ms`` (the reads' span)
 against ``latency_ms`` shows how much the reads miss.
 
+Where the work went (graph_eval): its eval reader stamps the trial thread's CPU clock and where it
+stood when it first saw the cancel (``trial_observe_cpu_ms``, ``native_seen_where``). A cancel seen
+at a node's ask came where no node was polled (a graph's unsynced tail, or the engine's own work
+between graphs such as building the next one): its work before the sight is that stretch, which
+no node-level bound covers. The section counts those trials and shows the most work before a sight.
+
 Limits: the trial thread is llama.cpp's calling thread, one of ``n_threads``; with more
 than one, its work includes spinning at ggml's barrier for a peer (a preempted peer shows
 as work here, and as wait in the process-wide ``engine_cpu_wait_ms``). External engines:
@@ -36,7 +42,7 @@ from . import stats
 from .section import Section
 
 COLUMNS = ["workload", "phase_at_receipt", "mechanism", "delivery", "host", "device", "outcome", "latency_ms",
-           "trial_cpu_ms", "trial_cpu_wait_ms", "cpu_window_ms"]
+           "trial_cpu_ms", "trial_cpu_wait_ms", "cpu_window_ms", "trial_observe_cpu_ms", "native_seen_where"]
 KEYS = ["workload", "phase", "mechanism", "delivery", "device"]
 
 
@@ -54,7 +60,8 @@ def split_frame(table: pa.Table, extra: tuple[str, ...] = ()) -> pd.DataFrame:
     labels (null: ``(none)``)."""
     have = [c for c in [*COLUMNS, *extra] if c in table.column_names]
     if "trial_cpu_ms" not in have or table.num_rows == 0:
-        return pd.DataFrame(columns=[*KEYS, *extra, "wall", "work", "wait", "rest", "uncovered"])
+        return pd.DataFrame(columns=[*KEYS, *extra, "wall", "work", "wait", "rest", "uncovered", "before_seen",
+                                     "unpolled"])
     t = table.select(have)
     keep = pc.and_(pc.fill_null(pc.equal(t.column("outcome").cast(pa.string()), "cancelled"), False),
                    pc.and_(pc.is_valid(t.column("trial_cpu_ms")), pc.is_finite(t.column("latency_ms"))))
@@ -66,7 +73,13 @@ def split_frame(table: pa.Table, extra: tuple[str, ...] = ()) -> pd.DataFrame:
         "delivery": label("delivery"), "device": label("host") + "/" + label("device"),
         **{c: label(c) for c in extra},
         "wall": f["latency_ms"].astype(float), "work": work, "wait": wait, "rest": rest,
-        "uncovered": f["latency_ms"].astype(float) - f["cpu_window_ms"].astype(float)})
+        "uncovered": f["latency_ms"].astype(float) - f["cpu_window_ms"].astype(float),
+        # graph_eval: the engine work before its reader saw the cancel, and whether it came where no
+        # node was polled (seen at the next node's ask: the engine's work between graphs)
+        "before_seen": (f["trial_observe_cpu_ms"].astype(float) if "trial_observe_cpu_ms" in f
+                        else pd.Series(np.nan, index=f.index)),
+        "unpolled": (f["native_seen_where"] == "next_ask") if "native_seen_where" in f
+        else pd.Series(False, index=f.index)})
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,9 @@ class ResidueCell:
     wait_share: float
     rest_share: float
     uncovered_max: float  # the most |latency_ms - cpu_window_ms| of its trials
+    seen_n: int = 0  # trials whose eval reader (graph_eval) stamped where it saw the cancel
+    unpolled_n: int = 0  # of them, seen at a node's ask: the cancel came where no node was polled
+    before_seen_max: float | None = None  # the most engine work before the reader saw the cancel, ms
 
 
 def summarize(group: pd.DataFrame) -> dict:
@@ -99,7 +115,9 @@ def summarize(group: pd.DataFrame) -> dict:
     return {"n": len(group), "wall_p50": p50("wall"), "wall_max": float(group["wall"].max()),
             "work_p50": p50("work"), "work_max": float(group["work"].max()), "wait_p50": p50("wait"),
             "rest_p50": p50("rest"), "work_share": share("work"), "wait_share": share("wait"),
-            "rest_share": share("rest"), "uncovered_max": float(group["uncovered"].abs().max())}
+            "rest_share": share("rest"), "uncovered_max": float(group["uncovered"].abs().max()),
+            "seen_n": int(group["before_seen"].notna().sum()), "unpolled_n": int(group["unpolled"].fillna(False).sum()),
+            "before_seen_max": float(group["before_seen"].max()) if group["before_seen"].notna().any() else None}
 
 
 def residue_of(table, from_frame: bool = False) -> list[ResidueCell]:
@@ -137,10 +155,14 @@ def residue_section(cells: list[ResidueCell]) -> Section | None:
     note = ("cancelled trials: the wall-clock residue (latency_ms) = engine work (the trial thread on a CPU) + "
             "CPU wait (it waited runnable for a CPU, schedstat) + rest (neither: blocked, and the reads' edge), "
             "per trial; ms, nearest-rank p50 per column (p50s need not add up), shares of the summed residue "
-            f"(they do); the reads missed at most {edge:.3f} ms of a trial's residue")
+            f"(they do); the reads missed at most {edge:.3f} ms of a trial's residue. graph_eval: of the trials its "
+            "reader saw, those seen at a node's ask (the cancel came where no node was polled: the engine's own "
+            "work between graphs), and the most engine work done before the reader saw a cancel")
     rows = [[c.workload, c.phase, c.mechanism, c.delivery, c.device, str(c.n), _ms(c.wall_p50), _ms(c.work_p50),
              _ms(c.wait_p50), _ms(c.rest_p50), _ms(c.wall_max), _ms(c.work_max),
-             f"{c.work_share:.0%} / {c.wait_share:.0%} / {c.rest_share:.0%}"] for c in cells]
+             f"{c.work_share:.0%} / {c.wait_share:.0%} / {c.rest_share:.0%}",
+             f"{c.unpolled_n}/{c.seen_n}, {_ms(c.before_seen_max)}" if c.seen_n else "-"] for c in cells]
     return Section("Residue split per phase at receipt", note,
                    ["workload", "phase", "mechanism", "delivery", "device", "n", "wall p50", "work p50", "wait p50",
-                    "rest p50", "wall max", "work max", "work / wait / rest"], rows, key_columns=5, sid="residue")
+                    "rest p50", "wall max", "work max", "work / wait / rest", "unpolled, work before seen max"],
+                   rows, key_columns=5, sid="residue")

@@ -102,6 +102,12 @@ def test_records_carry_every_setting_and_offsets_run_from_the_hand_back(local_ra
     # the driver learned of the hand-back after it happened (within the clock conversion's bound)
     assert (driver.t_anchor_seen_ns >= driver.t_handback_ns - driver.clock_uncertainty_ns).all()
     assert driver.anchor_hop_ms.notna().all() and cancels[cancels.delivery == "agent"].anchor_hop_ms.isna().all()
+    # graph_eval's reader saw each in-flight cancel on the trial thread: where, and the work before it
+    seen = cancels[cancels.t_native_observed_ns.notna()]
+    assert len(seen) > 0 and seen.native_seen_where.isin(["range_end", "next_ask"]).all(), seen.native_seen_where
+    assert ((seen.trial_observe_cpu_ms >= 0) & (seen.trial_observe_cpu_ms <= seen.trial_cpu_ms)).all(), \
+        seen[["trial_observe_cpu_ms", "trial_cpu_ms"]]
+    assert cancels[cancels.t_native_observed_ns.isna()].native_seen_where.isna().all()
 
 
 def _small_sweep(tmp_path: Path, name: str, slice_us: int) -> Path:

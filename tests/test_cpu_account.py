@@ -181,6 +181,46 @@ def test_the_trial_threads_reads_bracket_its_work_and_a_window_on_another_thread
 
 
 @linux_only
+def test_the_work_before_the_eval_reader_saw_the_cancel_is_the_trial_threads():
+    """The cancel is taken on another thread; this (the trial) thread then works in an unpolled
+    stretch (no reader asked) before the eval reader's next ask sees the token: that work, and
+    not the time before the receipt, is trial_observe_cpu_ms, inside trial_cpu_ms. The abort
+    reader (compute threads, not the graph's caller) stamps no CPU clock."""
+    ctl = CancelControl(native.CancelToken(), Progress())
+    ctl.cpu = ca.Window(os.getpid())
+    sum(range(300_000))  # before the receipt: not in it
+    t = threading.Thread(target=lambda: ctl.request(native.now_ns()))
+    t.start()
+    t.join()
+    t0 = time.thread_time_ns()
+    sum(range(300_000))  # the caller's work between two graphs: no node asked
+    unpolled_ms = (time.thread_time_ns() - t0) / 1e6
+    ev = native._lib().cb_token_eval_reader
+    assert ev(None, True, ctl.token.address) is True  # a set token: "show me", then stop
+    assert ev(None, False, ctl.token.address) is False
+    after_ms = time.thread_time_ns() / 1e6
+    sum(range(300_000))  # the stop unwinds
+    ctl.close()
+    cols = {**ctl.cpu.columns(), **ctl.cpu.observe_columns(ctl.token.seen_cpu_ns, ctl.token.seen_where)}
+    assert ctl.token.seen_cpu_ns / 1e6 <= after_ms  # this thread's CPU clock, not a wall clock
+    assert unpolled_ms <= cols["trial_observe_cpu_ms"] < cols["trial_cpu_ms"], cols
+    assert cols["native_seen_where"] == "next_ask"  # no range was computing: seen at the next node's ask
+    abort = native.CancelToken()
+    abort.set()
+    assert abort.read() and abort.seen_ns > 0 and abort.seen_cpu_ns == 0
+    assert abort.seen_where is None and ca.Window(os.getpid()).observe_columns(0, None) == {}
+    # a cancel that comes while a range the reader asked to see is computed: seen at its sync
+    ranged = native.CancelToken()
+    ranged.set_slice_us(10_000_000)
+    addr = ranged.address
+    ranged.set()
+    ev(None, False, addr)  # the sync of a range in flight when the token was set
+    assert ranged.seen_where == "range_end" and ranged.seen_cpu_ns > 0
+    ranged.reset()
+    assert ranged.seen_where is None and ranged.seen_cpu_ns == 0 and ranged.seen_ns == 0
+
+
+@linux_only
 def test_an_engine_process_gone_is_said_plainly():
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE)
     w = ca.Window(os.getpid())
