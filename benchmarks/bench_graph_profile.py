@@ -12,7 +12,10 @@ every step call of the graph, uncancelled, at ``--slice-us``:
 * per op (``ggml_op`` value and name where known): nodes per step call, their share of the
   ranges' estimates, and the same op's CPU cost per node measured alone (slice 0: every node
   its own range, ``--node-runs`` runs; the node's CPU ns includes one range's sync overhead);
-* the worst ranges: what they held (nodes per op), estimate, CPU, wall.
+* the worst ranges: what they held (nodes per op), estimate, CPU, wall;
+* per step call: its CPU time and the part of it outside every synced range (``unpolled``: a
+  graph's unsynced tail, the engine's own work between and before its graphs, such as building
+  the next graph), where a cancel is seen only at the next node asked.
 
 Machine facts and the load (load average, ``/proc/loadavg`` runnable count, the process's
 CPU time against wall) stand beside the numbers: other work on the host is not controlled.
@@ -99,12 +102,12 @@ def profile_runs(eng, kind: str, trial: dict, runs: int) -> dict:
     spans: list[tuple[str, int, int]] = []
     start: dict = {}
 
-    def on_event(event: str, phase: str, t_ns: int) -> None:
+    def on_event(event: str, phase: str, t_ns: int) -> None:  # on the trial thread, around each step call
         n_ranges = token.log_ranges_count()
         if event == "step":
-            start["r"] = n_ranges
+            start["r"], start["cpu"] = n_ranges, time.thread_time_ns()
         elif event == "step_end":
-            spans.append((phase, start["r"], n_ranges))
+            spans.append((phase, start["r"], n_ranges, time.thread_time_ns() - start["cpu"]))
     cpu0, wall0 = time.process_time(), time.monotonic()
     for _ in range(runs):
         ctl = _step_ctl(kind)
@@ -117,11 +120,14 @@ def profile_runs(eng, kind: str, trial: dict, runs: int) -> dict:
     by_seq = defaultdict(list)
     for row in nodes:
         by_seq[int(row[0])].append(row)
-    out: dict = defaultdict(lambda: {"ranges": [], "calls": 0})
-    for phase, a, b in spans:
+    out: dict = defaultdict(lambda: {"ranges": [], "calls": 0, "steps": []})
+    for phase, a, b, step_cpu in spans:
         out[phase]["calls"] += 1
         for rr in ranges[a:b]:
             out[phase]["ranges"].append((rr, by_seq.get(int(rr[0]), [])))
+        # the step call's CPU (the graph thread's, which calls back) against its synced ranges' CPU: the
+        # rest ran where no sync was due (graph tails, the engine's own work between and before graphs)
+        out[phase]["steps"].append((step_cpu, sum(rr[3] for rr in ranges[a:b] if rr[5] != -1)))
     return {"phases": dict(out), "process_cpu_over_wall": round(cpu / wall, 3) if wall else None}
 
 
@@ -171,7 +177,16 @@ def summarise(d: dict, alone: dict, slice_us: int) -> dict:
     worst = sorted(plain, key=lambda x: -x[0][3] / x[0][2])[:5]
     unsynced = [int(rr[1]) for rr, _ in d["ranges"] if rr[5] == -1]
     keys = [len({(int(n[1]), max(0, int(n[2]) - 10)) for n in nds}) for _, nds in plain]
-    return {"calls": d["calls"], "ranges": len(plain), "probes": sum(1 for rr, _ in d["ranges"] if rr[5] in (1, 2)),
+    steps = d.get("steps", [])
+    unpolled = [(cpu - synced) / 1e6 for cpu, synced in steps]
+    return {"calls": d["calls"],
+            # per step call: its CPU, and the part outside every synced range (a graph's unsynced tail, the
+            # engine's work between and before its graphs): a cancel there is seen at the next node asked
+            "step_cpu_ms": {"p50": q([c / 1e6 for c, _ in steps], 0.5),
+                            "max": max((round(c / 1e6, 3) for c, _ in steps), default=None)},
+            "unpolled_cpu_ms": {"p50": q(unpolled, 0.5), "max": max((round(u, 3) for u in unpolled), default=None)},
+            "unpolled_share": None if not steps else round(sum(unpolled) * 1e6 / max(sum(c for c, _ in steps), 1), 3),
+            "ranges": len(plain), "probes": sum(1 for rr, _ in d["ranges"] if rr[5] in (1, 2)),
             # ranges the scheduler computed without calling back (a graph's or split's tail, or a whole
             # graph estimated under the slice): never measured, their nodes per range
             "unsynced": len(unsynced), "unsynced_nodes": {"p50": q(unsynced, 0.5), "max": max(unsynced, default=None)},

@@ -28,6 +28,12 @@ per trial:
   stored records), and **covered**: |latency_ms - cpu_window_ms| <= 1 ms (the trial thread's two
   reads span the wall residue: the split describes the residue it claims to).
 
+Where the work went: ``trial_observe_cpu_ms`` (the trial thread's CPU from the receipt to the
+eval reader's first sight of the token) and ``native_seen_where`` (``range_end``: the cancel came
+while a range the reader asked to see was computed; ``next_ask``: it came where no node was polled,
+a graph's unsynced tail or the engine's work between graphs) per graph, and for each trial over
+the work bound.
+
 Machine facts (cores, CPU model, load average at start and end, the host's runnable tasks and
 load in the records) stand beside the numbers.
 
@@ -137,15 +143,39 @@ def judge(out: Path, nodes: dict) -> dict:
             "covered_over_1ms": int((covered > TOLERANCE_MS).sum()),
             "host_procs_running_p50": float(d.host_procs_running.median()) if len(d) else None,
             "host_loadavg_1m_max": float(d.host_loadavg_1m.max()) if len(d) else None,
-            "cpu_snapshot_us": _dist(d.cpu_snapshot_us.dropna())}
+            "cpu_snapshot_us": _dist(d.cpu_snapshot_us.dropna()),
+            **_before_seen(d, work, bound)}
     return result
+
+
+def _before_seen(d, work, bound: float) -> dict:
+    """Engine work before / after the eval reader saw the token (``trial_observe_cpu_ms``), where it
+    saw it (``native_seen_where``), and each over-bound trial with both: a cancel seen at a node's
+    ask came where no node was polled (the engine's work between graphs), not in a range."""
+    if "trial_observe_cpu_ms" not in d:
+        return {}
+    before = d.trial_observe_cpu_ms
+    where = d.native_seen_where.fillna("(none)").astype(str)
+    over = d[work > bound]
+    return {
+        "before_seen_ms": _dist(before.dropna()), "after_seen_ms": _dist((work - before).dropna()),
+        "seen_where": {k: int(v) for k, v in where.value_counts().items()},
+        "work_over_bound_where": {k: int(v) for k, v in where[work > bound].value_counts().items()},
+        "over_bound_trials": [{"trial_id": str(r.trial_id), "work_ms": round(float(w), 3),
+                               "before_seen_ms": None if r.trial_observe_cpu_ms != r.trial_observe_cpu_ms
+                               else round(float(r.trial_observe_cpu_ms), 3),
+                               "seen_where": None if not isinstance(r.native_seen_where, str) else r.native_seen_where}
+                              for r, w in zip(over.itertuples(), work[work > bound])]}
 
 
 def table(graphs: dict) -> list[str]:
     r = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     pair = lambda d: f"{r(d['p50'])} / {r(d['max'])}"  # noqa: E731
+    where = lambda c, k: (f"{c[k].get('range_end', 0)} / {c[k].get('next_ask', 0)}" if k in c else "-")  # noqa: E731
     rows = ["graph | n | wall p50 / max | work p50 / max | wait p50 / max | rest p50 / max | largest node CPU / wall "
-            "| work bound (within) | wall bound (within) | additive / covered (max ms)", "---|---|---|---|---|---|---|---|---|---"]
+            "| work bound (within) | wall bound (within) | additive / covered (max ms) | work before seen p50 / max "
+            "| seen at range end / next ask | over bound: at range end / next ask",
+            "---|---|---|---|---|---|---|---|---|---|---|---|---"]
     for g, c in graphs.items():
         n = c["n"]
         add = "-" if c["additive_max_error_ms"] is None else f"{c['additive_max_error_ms']:.4f}"
@@ -153,7 +183,9 @@ def table(graphs: dict) -> list[str]:
         rows.append(f"{g} | {n} | {pair(c['wall_ms'])} | {pair(c['work_ms'])} | {pair(c['wait_ms'])} | "
                     f"{pair(c['rest_ms'])} | {r(c['largest_node']['largest_node_cpu_ms'])} / "
                     f"{r(c['largest_node']['largest_node_ms'])} | {r(c['bound_ms'])} ({n - c['work_over_bound']}/{n}) | "
-                    f"{r(c['wall_bound_ms'])} ({n - c['wall_over_bound']}/{n}) | {add} / {cov}")
+                    f"{r(c['wall_bound_ms'])} ({n - c['wall_over_bound']}/{n}) | {add} / {cov} | "
+                    f"{pair(c['before_seen_ms']) if 'before_seen_ms' in c else '-'} | {where(c, 'seen_where')} | "
+                    f"{where(c, 'work_over_bound_where')}")
     return rows
 
 
@@ -186,6 +218,9 @@ def main() -> int:
         default_trials=harness.load_config(args.config).trials_per_cell,
         extra={"busy_loops": busy, "calibration_s": calibration_s, "graphs": graphs, "table": table(graphs),
                "all_work_within_bound": all(c["work_within_bound"] for c in graphs.values()),
+               # the cancels a node reader can see in flight: those that came while a range was computed
+               "all_range_end_within_bound": all(c.get("work_over_bound_where", {}).get("range_end", 0) == 0
+                                                 for c in graphs.values()),
                "all_additive_and_covered": all(c["additive_within_1ms"] and c["covered_within_1ms"]
                                                for c in graphs.values())})
     print("\n".join(doc["table"]), file=sys.stderr)
