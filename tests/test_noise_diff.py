@@ -1,22 +1,23 @@
 """Residue split and noise-aware comparison on real sweeps (issue 26, items 2 and 3).
 
 Three small real sweeps of one build (the text fixture in process, one thread, cancels aimed
-into prefill): two on the host as it is, one beside busy loops (``python3 -c 'while 1: pass'``,
-as many as the CPUs this test may use, two on the 2-core CI host) that the test starts, waits
-on until each has observably run on a CPU, and stops. Then the real command: ``cancelbench
+into prefill): two on the host as it is, one beside busy loops (``python3 -c 'while 1: pass'``:
+twice the tasks the idle sweeps found runnable, at least two per CPU this test may use, so
+four on the quiet 2-core CI host) that the test starts, waits on until each has observably run
+on a CPU, and stops. Then the real command: ``cancelbench
 diff`` flags the busy candidate as noisy (and refuses it with --refuse-noisy, exit 3; JUnit and
 GitHub outputs say so) and the idle pair not; ``trend`` flags its newest (busy) sweep; the
 report shows the split, which adds up per trial.
 
-What the busy loops change is unmistakable whatever else the host runs: the engine thread
-shares the test's CPUs with one loop per CPU, so it waits for a CPU about half of the time it
-is runnable (the threshold is 10 points) and the runnable tasks rise by one per CPU (the
-threshold is 1.5).
+What the busy loops change is unmistakable whatever else the host runs: with the runnable
+tasks doubled, the engine thread's CPU-wait share rises by 20 points or more (the threshold is
+10) and the runnable tasks by at least two per CPU (the threshold is 1.5).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from cancelbench.cli import main as cli_main
@@ -61,11 +63,21 @@ def _ran_ns(pid: int) -> int:
         return int(f.read().split()[0])
 
 
+def loops_for(idle_runnable: float) -> int:
+    """How many busy loops make the busy sweep unmistakable on this host: twice what the idle
+    sweeps found runnable (their median ``host_procs_running``, the engine's threads and whatever
+    else the host runs included), at least two per CPU this process may use. On a host already
+    busy (a CI runner building beside the tests: 7-8 runnable on 2 CPUs), two loops moved the
+    engine thread's CPU-wait share by 6 points, under the 10-point threshold; doubling the
+    runnable tasks moves it by 20 or more, whatever the host ran before."""
+    cpus = len(os.sched_getaffinity(0))
+    return min(64, max(2 * cpus, math.ceil(2 * idle_runnable)))
+
+
 @contextmanager
-def busy_loops():
-    """One ``while 1: pass`` per CPU this process may use (at least two), each waited on until it
-    has run 50 ms on a CPU (its own schedstat, not a sleep); killed and reaped on exit."""
-    n = max(2, len(os.sched_getaffinity(0)))
+def busy_loops(n: int):
+    """``n`` ``while 1: pass`` processes, each waited on until it has run 50 ms on a CPU (its own
+    schedstat, not a sleep); killed and reaped on exit."""
     procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
     try:
         for p in procs:
@@ -90,7 +102,8 @@ def sweeps(local_ray, tmp_path_factory) -> dict[str, Path]:
     for name in ("idle_a", "idle_b"):
         run_sweep(config, root / name, progress=False)
         out[name] = root / name
-    with busy_loops():
+    idle = pd.concat([read_records(out[name]) for name in ("idle_a", "idle_b")])
+    with busy_loops(loops_for(float(idle.host_procs_running.median()))):
         run_sweep(config, root / "busy", progress=False)
     out["busy"] = root / "busy"
     return out
