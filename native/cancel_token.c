@@ -164,12 +164,11 @@ CB_EXPORT uint64_t cb_token_polls(const cb_token *t) {
     return atomic_load_explicit(&((cb_token *)t)->polls, memory_order_relaxed);
 }
 
-/* The first reader to see the flag set stamps seen_ns. */
-static void cb_stamp_seen(cb_token *t) {
-    if (atomic_load_explicit(&t->seen_ns, memory_order_relaxed) == 0) {
-        int64_t zero = 0;
-        atomic_compare_exchange_strong(&t->seen_ns, &zero, cb_now_ns());
-    }
+/* The first reader to see the flag set stamps seen_ns; true for that reader. */
+static bool cb_stamp_seen(cb_token *t) {
+    if (atomic_load_explicit(&t->seen_ns, memory_order_relaxed) != 0) return false;
+    int64_t zero = 0;
+    return atomic_compare_exchange_strong(&t->seen_ns, &zero, cb_now_ns());
 }
 
 /*
@@ -428,13 +427,9 @@ static int64_t cb_thread_cpu_ns(void) {
  * sync was due: a graph's unsynced tail, or the caller's own work between or before graphs
  * (building the next graph), which no reader can poll. */
 static void cb_stamp_seen_eval(cb_token *t, int where) {
-    if (atomic_load_explicit(&t->seen_ns, memory_order_relaxed) == 0) {
-        int64_t zero = 0;
-        const int64_t cpu = cb_thread_cpu_ns();
-        if (atomic_compare_exchange_strong(&t->seen_ns, &zero, cb_now_ns())) {
-            atomic_store_explicit(&t->seen_cpu_ns, cpu, memory_order_relaxed);
-            atomic_store_explicit(&t->seen_where, where, memory_order_relaxed);
-        }
+    if (cb_stamp_seen(t)) {
+        atomic_store_explicit(&t->seen_cpu_ns, cb_thread_cpu_ns(), memory_order_relaxed);
+        atomic_store_explicit(&t->seen_where, where, memory_order_relaxed);
     }
 }
 

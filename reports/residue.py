@@ -116,7 +116,7 @@ def summarize(group: pd.DataFrame) -> dict:
             "work_p50": p50("work"), "work_max": float(group["work"].max()), "wait_p50": p50("wait"),
             "rest_p50": p50("rest"), "work_share": share("work"), "wait_share": share("wait"),
             "rest_share": share("rest"), "uncovered_max": float(group["uncovered"].abs().max()),
-            "seen_n": int(group["before_seen"].notna().sum()), "unpolled_n": int(group["unpolled"].fillna(False).sum()),
+            "seen_n": int(group["before_seen"].notna().sum()), "unpolled_n": int(group["unpolled"].sum()),
             "before_seen_max": float(group["before_seen"].max()) if group["before_seen"].notna().any() else None}
 
 
