@@ -43,10 +43,12 @@ def fixture_lock_entries(name: str) -> dict:
     elif name in sf.SPEECH_FIXTURES:
         lock_path = sf.SPEECH_LOCK
         files = [p.name for p in sf.fixture_paths()[sf.SPEECH_FIXTURES[name]].values()]
+    elif name == sf.TTS_BARGEIN_FIXTURE.name:
+        lock_path, files = sf.BARGEIN_LOCK, [p.name for p in sf.bargein_fixture_paths().values()]
     elif name in field.FIELD_SETS:
         lock_path, files = field.lock_path(name), [p.name for p in field.set_paths(name).values()]
     else:
-        known = ", ".join([*TEXT_FIXTURES, *sf.SPEECH_FIXTURES, *field.FIELD_SETS])
+        known = ", ".join([*TEXT_FIXTURES, *sf.SPEECH_FIXTURES, sf.TTS_BARGEIN_FIXTURE.name, *field.FIELD_SETS])
         raise KeyError(f"unknown fixture {name!r} (known: {known})")
     locks = load_lock(lock_path)
     missing = [f for f in files if f not in locks]
@@ -81,4 +83,6 @@ def generate_all(out_dir: Path | None = None, which: str = "all", scale: str = "
             paths.append(ensure_text_fixture(name, out_dir, verify=True))
     if which in ("all", "speech"):
         paths.extend(sf.generate_all(out_dir))
+    if which == "all":  # not one of the speech set (its own lock): speech_fixtures module doc
+        paths.extend(sf.ensure_bargein_fixture(out_dir, verify=True).values())
     return paths

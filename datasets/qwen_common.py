@@ -36,11 +36,23 @@ N_ACOUSTIC = 15            # code predictor codebooks 1..15 (code0 comes from th
 C2W_TFM_LAYERS = 8         # clip.cpp QWEN3TTS_GEN: wav_tfm_n_layer
 C2W_TFM_HEADS = 16         # wav_tfm_n_head == wav_tfm_n_head_kv
 C2W_UPSAMPLE_BLOCKS = 2    # wav_upsample_n_block
+C2W_UPSAMPLE_RATIO = 2     # qwen3tts-gen.cpp decode(): each upsample block's ConvTranspose1d has stride 2
 C2W_DAC_BLOCKS = 4         # wav_dac_n_block
 C2W_DAC_RES = 3            # wav_dac_n_res
 C2W_WINDOW_FRAMES = 72     # wav_tfm_swa, frames per code2wav call
 TTS_SAMPLE_RATE = 24000    # mtmd_gen_audio_get_info for QWEN3TTS
 SAMPLES_PER_FRAME_REAL = 1920  # real Qwen3-TTS: 2 * 2 * 8*5*4*3 = 24000 / 12.5 Hz
+DAC_STRIDES_REAL = (8, 5, 4, 3)  # speech_tokenizer decoder_config upsample_rates
+
+
+def samples_per_frame(dac_strides: tuple[int, ...]) -> int:
+    """PCM samples code2wav makes per codec frame: the upsample blocks' ratio, then each DAC
+    block's stride (qwen3tts-gen.cpp decode(); a DAC block's stride is its ConvTranspose
+    kernel / 2, which is how the engine reads it back from the mmproj)."""
+    n = C2W_UPSAMPLE_RATIO ** C2W_UPSAMPLE_BLOCKS
+    for stride in dac_strides:
+        n *= stride
+    return n
 
 
 # --------------------------------------------------------------------------- vocab

@@ -22,6 +22,24 @@ difference: the DAC upsample strides are read from the ConvTranspose kernels
 window takes ~60-150 ms here instead of seconds. The engine reads
 samples-per-frame from the mmproj, so a real model (and the field-scale recipe
 in :mod:`.field`) gets 1920.
+
+Samples per frame = 2 ** C2W_UPSAMPLE_BLOCKS (each upsample block doubles the
+frame rate; clip.cpp hard-codes the ratio 2) x the product of the DAC strides
+(:func:`.qwen_common.samples_per_frame`): 4 x 16 = 64 for ``qwen3tts-fixture``
+(2.67 ms of 24 kHz audio per frame, so its codec hands over audio slower than
+real time and a barge-in's playback buffer never fills), 4 x 480 = 1920 for the
+real codec (80 ms per frame).
+
+``qwen3tts-bargein`` (:data:`TTS_BARGEIN_FIXTURE`) is the fixture with the
+real codec's rate: the same seed, so the same talker, code predictor, RVQ,
+code2wav transformer and upsample weights (the same tensor bytes; the DAC's
+are drawn after them), and the real DAC strides (8, 5, 4, 3) on a narrow DAC
+(``dac_dim`` 16: channels 16 -> 8 -> 4 -> 2 -> 1 over the four blocks, the
+real one 1536 -> 96; the spec of :data:`.field.REAL_STRIDES_SMALL` under its
+own name), so one 72-frame window decodes to 72 x 1920 = 138,240 samples
+(5.76 s of audio) in about 0.11-0.13 s on one CPU thread of a 2-core VM
+(``dac_dim`` 32: 0.25-0.37 s): the engine is faster than real time and a
+playback buffer fills, as with a real model on a fast device.
 """
 
 from __future__ import annotations
@@ -32,10 +50,10 @@ from pathlib import Path
 import numpy as np
 
 from .gguf_out import FixtureWriter, Rng, ones
-from .qwen_common import (C2W_DAC_RES, C2W_TFM_HEADS, C2W_TFM_LAYERS, C2W_UPSAMPLE_BLOCKS, N_ACOUSTIC,
-                          N_CODEC_VOCAB, N_SEMANTIC_CODES, TTS_CODEC_IDS, TTS_TEXT_SPECIALS, bpe_vocab,
-                          QwenSpec, tts_codec_token_names, write_pair, write_qwen_text_block,
-                          write_qwen_text_hparams)
+from .qwen_common import (C2W_DAC_RES, C2W_TFM_HEADS, C2W_TFM_LAYERS, C2W_UPSAMPLE_BLOCKS, DAC_STRIDES_REAL,
+                          N_ACOUSTIC, N_CODEC_VOCAB, N_SEMANTIC_CODES, TTS_CODEC_IDS, TTS_SAMPLE_RATE,
+                          TTS_TEXT_SPECIALS, bpe_vocab, QwenSpec, samples_per_frame, tts_codec_token_names,
+                          write_pair, write_qwen_text_block, write_qwen_text_hparams)
 
 @dataclass(frozen=True)
 class TtsFixtureSpec(QwenSpec):
@@ -67,8 +85,20 @@ class TtsFixtureSpec(QwenSpec):
     def talker_file(self) -> str:
         return f"{self.name}-talker.gguf"
 
+    @property
+    def samples_per_frame(self) -> int:
+        """PCM samples per codec frame (module doc): 64 for the default spec, 1920 at the real strides."""
+        return samples_per_frame(self.dac_strides)
+
+    @property
+    def frame_audio_ms(self) -> float:
+        """Audio one codec frame hands over, ms at 24 kHz (2.67 for the default spec, 80 at the real rate)."""
+        return 1000.0 * self.samples_per_frame / TTS_SAMPLE_RATE
+
 
 TTS_FIXTURE = TtsFixtureSpec()
+# The barge-in fixture (module doc): the real codec rate, 1920 samples per frame.
+TTS_BARGEIN_FIXTURE = TtsFixtureSpec(name="qwen3tts-bargein", dac_strides=DAC_STRIDES_REAL, dac_dim=16)
 
 
 def write_tts_fixture(out_dir: Path | None = None, spec: TtsFixtureSpec = TTS_FIXTURE,
