@@ -1,7 +1,9 @@
 """Barge-in, from the user's first word to silence, through the sweep path.
 
 Runs ``benchmarks/configs/bargein.toml`` (a local Ray, CPU and Vulkan agents, token auth,
-loopback): the TTS fixture streams into the playback model while the microphone stream
+loopback): the barge-in TTS fixture (``qwen3tts-bargein``: 1920 samples, 80 ms of audio, per
+codec frame, the real codec's rate, so the engine outruns real time and the playback buffer
+fills) streams into the playback model while the microphone stream
 (the bargein-v1 clips, 20 ms chunks) feeds Silero VAD; the detector's decision issues
 the cancel; between_calls against graph_eval; a 40 ms and a 200 ms playback buffer as two
 workloads. Writes ``benchmarks/results/bargein/`` (a dataset) and ``bargein.json``:
@@ -18,6 +20,10 @@ workloads. Writes ``benchmarks/results/bargein/`` (a dataset) and ``bargein.json
     drain, onset to silence, audio heard after the onset, and the drain's share;
   - ``detection``: per device, detection against ground truth in the sweep, false barge-ins
     on the noise-only streams;
+  - ``rate``: per device and buffer, whether the engine outran real time, from the playback
+    model's stamps: the audio of one hand-over (a 72-frame code2wav window) and its samples
+    per frame, the first audio's time from the trial's start, and the audio handed over by
+    the stop against the time it took (above 1: faster than real time, the buffer fills);
 * ``detectors``: each detector setting offline on the labelled clips (no TTS running:
   ``cancelbench.device_agents.detectors.evaluate``), latency and false barge-ins.
 
@@ -114,6 +120,26 @@ def detection_check(df) -> list[dict]:
     return out
 
 
+def rate_check(df) -> list[dict]:
+    from cancelbench.datasets.qwen_common import C2W_WINDOW_FRAMES
+
+    c = df[(df.trial_kind == "cancel") & (df.audio_samples_handed > 0) & df.t_playback_start_ns.notna()]
+    out = []
+    for (device, buf), g in c.groupby([c.host + "/" + c.device, "playback_buffer_ms"]):
+        rate = float(g.audio_sample_rate.iloc[0])
+        window = int(g.audio_samples_handed.min())  # a cancelled trial hands over whole windows only
+        first_ms = (g.t_playback_start_ns - buf * 1e6 - g.t_start_ns) / 1e6  # playback starts a buffer after it
+        audio_s = g.audio_samples_handed / rate
+        elapsed_s = (g.t_terminal_ns - g.t_start_ns) / 1e9
+        out.append({"device": device, "playback_buffer_ms": buf, "n_with_audio": len(g), "sample_rate": rate,
+                    "samples_per_handover_min": window, "samples_per_frame": window / C2W_WINDOW_FRAMES,
+                    "audio_ms_per_frame": 1000.0 * window / C2W_WINDOW_FRAMES / rate,
+                    "first_audio_ms_p50": _pct(first_ms, 0.5),
+                    "audio_over_elapsed_p50": _pct((audio_s / elapsed_s).tolist(), 0.5),
+                    "faster_than_real_time": bool((audio_s > elapsed_s).all())})
+    return out
+
+
 def offline_detectors() -> list[dict]:
     from cancelbench.datasets.bargein_clips import clip_set
     from cancelbench.device_agents.detectors import DetectorSettings, evaluate
@@ -142,7 +168,7 @@ def main() -> int:
     for r in df[df.trial_kind == "reference"].to_dict("records"):
         refs.setdefault(f"{r['host']}/{r['device']}", []).append(r)
     checks = {"hops": hop_check(df), "code2wav": code2wav_check(df, refs), "buffer": buffer_check(df),
-              "detection": detection_check(df)}
+              "detection": detection_check(df), "rate": rate_check(df)}
     extra = {"bargein": {"cells": [c.__dict__ for c in report.bargein[0]],
                          "stops_by_phase": [p.__dict__ for p in report.bargein[1]]},
              "checks": checks, "detectors": offline_detectors()}
