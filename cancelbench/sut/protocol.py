@@ -169,7 +169,9 @@ STRUCTS: dict[str, type[Struct]] = {
     "ping": Ping, "load": Load, "run": Run, "cancel": Cancel, "shutdown": Shutdown,
 }
 
-_parse = msgspec.json.Decoder().decode  # RFC 8259 JSON to dict / list / str / int / float / bool / None
+# RFC 8259 JSON to dict / list / str / int / float / bool / None; a Decoder is thread-safe (msgspec
+# >= 0.16): the reader threads and the main thread of a process share it.
+_parse = msgspec.json.Decoder().decode
 _convert = msgspec.convert
 _AT = re.compile(r" - at `\$([^`]*)`$")
 
