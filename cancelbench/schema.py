@@ -43,8 +43,10 @@ from . import schema_bargein
 
 # 2: every setting that shapes a trial is a column; 3: engines declare themselves (engine_* columns, external
 # engines); 4: the cpu group (engine work vs CPU wait); 5: barge-in (schema_bargein); 6: trial_observe_cpu_ms
-# (engine work before the native reader saw the cancel); readers accept older versions (new columns null)
-SCHEMA_VERSION = 6
+# (engine work before the native reader saw the cancel); 7: the outcome from the agent's own facts
+# (cancel_reach_ns, drop_margin_ms, error_detail; no latency on a completed row); readers accept older
+# versions (new columns null)
+SCHEMA_VERSION = 7
 
 # Partition columns of the hive-partitioned dataset (values sanitized for paths).
 PARTITION_COLUMNS = ("backend", "host")
@@ -203,6 +205,11 @@ _FIELDS: list[tuple] = [
     ("t_cancel_forwarded_ns", _I64, "timestamps", "external engines: the agent began writing the cancel message to "
      "the engine's stdin (after t_received; for a cancel latched before the run, just before the run message)"),
     ("t_engine_done_read_ns", _I64, "timestamps", "external engines: the agent read the engine's done message"),
+    ("cancel_reach_ns", _I64, "timestamps", "how long after the agent forwarded a cancel the engine's terminal "
+     "state may still have come before it (ns, a duration): 0 in process (receipt and terminal decision are "
+     "atomic); external engines: twice the slowest pong of this engine process the agent timed during runs "
+     "(the last 64, this trial's included) or at start-up, a cancel's trip in and the done's trip out "
+     "(docs/sut-protocol.md, \"The outcome rule\")"),
     ("t_native_observed_ns", _I64, "timestamps", "agent: first native reader saw the token (abort mechanisms), else null"),
     ("t_native_returned_ns", _I64, "timestamps", "agent: the native call in flight at receipt returned"),
     ("t_terminal_ns", _I64, "timestamps", "agent: engine reached its terminal state"),
@@ -222,6 +229,10 @@ _FIELDS: list[tuple] = [
     ("end_to_end_ms", _F64, "derived", "t_terminal - t_issued"),
     ("duration_ms", _F64, "derived", "t_terminal - t_handback"),
     ("cost_ratio", _F64, "derived", "latency_ms / reference_ms"),
+    ("drop_margin_ms", _F64, "derived", "cancels the agent took: how long after the cancel could have reached "
+     "the engine its terminal state came, on the agent's own stamps: (t_engine_done_read, in process "
+     "t_terminal) - (t_cancel_forwarded, in process t_received) - cancel_reach. At or above 0 a completed run "
+     "is dropped; below 0 the cancel raced the completion"),
     ("outcome", _STR, "result", "cancelled | completed | dropped | error | lost (classify_outcome)", "either"),
     ("decode_rc", _I32, "result", "return code of the last native call (llama_decode 2 = aborted)"),
     ("abort_polls", _I64, "result", "native reader polls during the trial"),
@@ -233,7 +244,9 @@ _FIELDS: list[tuple] = [
     ("phase_timeline_json", _STR, "result", "reference runs: [[phase, start_ms, end_ms], ...] from t_start"),
     ("phase_steps_json", _STR, "result", "step calls started per phase, JSON {phase: n} (progress plans draw on it)"),
     ("phase_step_ms_json", _STR, "result", "shortest step call per phase, JSON {phase: ms} (progress plans draw on it)"),
-    ("error", _STR, "result", "error message (outcome error/lost)", "either"),
+    ("error", _STR, "result", "error message (outcome error/lost): one line, control characters escaped", "either"),
+    ("error_detail", _STR, "result", "where the harness failed (outcome error): its traceback, kept apart from "
+     "the one-line error; null for an engine's own failure", "either"),
     ("engine_counters_json", _STR, "result", "external engines: the counters of its done message, JSON {name: int}"),
     ("engine_stderr", _STR, "result", "external engines: what the engine process wrote to stderr since the previous record (its last 8 KiB)"),
     *CPU_FIELDS,  # the cpu group: cancelbench/schema_cpu.py
@@ -293,6 +306,10 @@ def derive(row: dict) -> dict:
     ref = g("reference_ms")
     lat = row["latency_ms"]
     row["cost_ratio"] = (lat / ref) if (lat is not None and ref) else None
+    margin = drop_margin_ns(row)
+    row["drop_margin_ms"] = None if margin is None else margin / 1e6
+    if g("outcome") == "completed":  # the cancel raced the completion: no stop to measure
+        row.update(dict.fromkeys(STOP_COLUMNS))
     schema_bargein.derive(row)
     return row
 
@@ -335,20 +352,53 @@ def merge(base: TrialRecord, half: TrialRecord) -> TrialRecord:
     return dataclasses.replace(base, **{k: v for k, v in as_row(half).items() if v is not None})
 
 
-def classify_outcome(engine_outcome: str | None, t_received_ns: int | None, t_terminal_ns: int | None) -> str:
-    """The one outcome rule, used for every record.
+# Derived columns that only a stop has: a completed row carries none of them (the cancel raced the completion).
+STOP_COLUMNS = ("observe_ms", "return_ms", "settle_ms", "latency_ms", "end_to_end_ms", "cost_ratio", "protocol_hop_ms")
+REFERENCE_CANCEL_ERROR = ("the engine reported a cancel on a reference run, which is sent none ({what}): its "
+                          "cancel state is not this trial's")
 
-    An engine that ran to completion although the agent had received the
-    cancel before the engine's terminal state dropped it: a defect, whatever
-    path the cancel took (latched before the start, or delivered while
-    running). Everything else is what the engine (or the agent) reported.
+
+def drop_margin_ns(row: dict) -> int | None:
+    """How long after the cancel could have reached the engine its terminal state came, on the agent's own
+    stamps (docs/sut-protocol.md, "The outcome rule"); None when the agent took no cancel."""
+    received = row.get("t_received_ns")
+    if received is None:
+        return None
+    forwarded = row.get("t_cancel_forwarded_ns")
+    seen_end = row.get("t_engine_done_read_ns")
+    if forwarded is None or seen_end is None:  # in process: receipt and terminal decision are one lock apart
+        forwarded, seen_end = received, row.get("t_terminal_ns")
+    if seen_end is None:
+        return None
+    return seen_end - forwarded - (row.get("cancel_reach_ns") or 0)
+
+
+def classify_outcome(row: dict) -> tuple[str, str | None]:
+    """The one outcome rule, used for every record: (outcome, error message when it changed to error).
+
+    From the agent's own facts: a run that completed although the agent took its cancel while the trial
+    was pending or running, and whose terminal state came at or after the time the cancel could have
+    reached the engine (``drop_margin_ns`` >= 0), dropped it: a defect, whatever path the cancel took
+    (latched before the start, or delivered while running), whether or not the engine says it read it.
+    The engine's own word can only confirm: a completed run whose engine says it read the cancel before
+    its terminal state dropped it too. A reference run (sent no cancel) that reports one is an error of
+    the engine. Everything else is what the engine (or the agent) reported.
     """
-    if engine_outcome not in OUTCOMES:
-        raise ValueError(f"unknown outcome {engine_outcome!r}")
-    if (engine_outcome == "completed" and t_received_ns is not None and t_terminal_ns is not None
-            and t_received_ns <= t_terminal_ns):
-        return "dropped"
-    return engine_outcome
+    outcome = row.get("outcome")
+    if outcome not in OUTCOMES:
+        raise ValueError(f"unknown outcome {outcome!r}")
+    engine_read = row.get("t_engine_received_ns")
+    if row.get("trial_kind") == "reference" and outcome in ("cancelled", "completed", "dropped"):
+        if outcome == "cancelled" or engine_read is not None:
+            what = "it ended cancelled" if outcome == "cancelled" else "done.cancel_received_t"
+            return "error", REFERENCE_CANCEL_ERROR.format(what=what)
+    if outcome != "completed" or row.get("t_received_ns") is None:
+        return outcome, None
+    terminal = row.get("t_terminal_ns")
+    if engine_read is not None and terminal is not None and engine_read <= terminal:
+        return "dropped", None  # the engine confirms it: it read the cancel, then completed anyway
+    margin = drop_margin_ns(row)
+    return ("dropped" if margin is not None and margin >= 0 else "completed"), None
 
 
 def as_row(record: TrialRecord) -> dict:
@@ -357,12 +407,15 @@ def as_row(record: TrialRecord) -> dict:
 
 def finalize(record: TrialRecord) -> dict:
     """Classify the outcome and derive every ``*_ms`` column: the row the sink writes."""
-    row = as_row(record)
+    return finalize_row(as_row(record))
+
+
+def finalize_row(row: dict) -> dict:
+    """:func:`finalize` on a row of every column (a dict): classified and derived, in place."""
     row["schema_version"] = SCHEMA_VERSION
-    # An external engine says when it read the cancel (docs/sut-protocol.md): a cancel still in the pipe
-    # when it completed was never its to drop; one it read and then completed anyway was dropped.
-    received = row["t_engine_received_ns"] if row["engine"] == "external" else row["t_received_ns"]
-    row["outcome"] = classify_outcome(row["outcome"], received, row["t_terminal_ns"])
+    row["outcome"], error = classify_outcome(row)
+    if error is not None:
+        row["error"] = error
     return derive(row)
 
 

@@ -340,10 +340,13 @@ class DeviceAgent:
                 raise EngineInputError("no workload loaded on this agent (call load() first)")
             result = self._engine.run(_resolve_input(request), ctl)
         except Exception as exc:  # the record says what failed; the agent stays usable
-            error = f"{type(exc).__name__}: {exc}"[:2000]
-            if not isinstance(exc, EngineInputError):
-                error += " | " + traceback.format_exc(limit=3)[-1000:]
-            return {"outcome": "error", "t_terminal_ns": native.now_ns(), "error": error}
+            from cancelbench.sut.client import EngineError
+
+            columns = {"outcome": "error", "t_terminal_ns": native.now_ns(),
+                       "error": one_line(f"{type(exc).__name__}: {exc}")}
+            if not isinstance(exc, (EngineInputError, EngineError)):  # the harness failed: where, kept apart
+                columns["error_detail"] = traceback.format_exc(limit=8)[-4000:]
+            return columns
         columns = dict(
             outcome=result.outcome, t_start_ns=result.t_start_ns, t_terminal_ns=result.t_terminal_ns,
             phase_at_terminal=result.phase_at_terminal, decode_rc=result.decode_rc,
@@ -367,6 +370,13 @@ class DeviceAgent:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+
+
+def one_line(text: str, limit: int = 2000) -> str:
+    """An error column's text: one line, control characters escaped (it reaches terminals and pages)."""
+    from cancelbench.reports.format import term_safe
+
+    return term_safe(" ".join(str(text).split()))[:limit]
 
 
 def _bargein(request: TrialRequest, deliver):

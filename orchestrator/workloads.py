@@ -27,8 +27,8 @@ for _spec in ENGINES.values():
     for _s in _spec.declaration.settings:
         assert BUILTIN_SETTINGS.setdefault(_s.name, _s).type == _s.type, _s.name
 # Keys of an external workload (besides the common ones): how to start the engine.
-EXTERNAL_KEYS = ("command", "cwd", "env", "startup_timeout_s", "answer_timeout_s", "settings")
-MAX_STARTUP_S, MAX_ANSWER_S = 600.0, 3600.0
+EXTERNAL_KEYS = ("command", "cwd", "env", "startup_timeout_s", "answer_timeout_s", "run_timeout_s", "settings")
+MAX_STARTUP_S, MAX_ANSWER_S, MAX_RUN_S = 600.0, 3600.0, 86400.0
 _COMMON_KEYS = ("name", "engine", "model", "mmproj", "lock", "inputs", "backends", "bargein")
 
 
@@ -63,7 +63,8 @@ class _WorkloadBase:
         if self.engine == EXTERNAL:
             d = {"engine": EXTERNAL, "settings": self.resolved_settings(), "command": list(self.command),
                  "cwd": self.cwd, "env": dict(self.env), "startup_timeout_s": self.startup_timeout_s,
-                 "answer_timeout_s": self.answer_timeout_s, "contract": self.declaration.contract()}
+                 "answer_timeout_s": self.answer_timeout_s, "run_timeout_s": self.run_timeout_s,
+                 "contract": self.declaration.contract()}
         if self.spec.needs_model:
             d["model"], d["mmproj"] = self.model, self.mmproj
         return d
@@ -89,6 +90,8 @@ def _workload_fields() -> list:
               ("command", tuple, field(default=())), ("cwd", str | None, field(default=None)),
               ("env", tuple, field(default=())),  # (name, value) pairs
               ("startup_timeout_s", float, field(default=30.0)), ("answer_timeout_s", float, field(default=10.0)),
+              # the longest one run may take (None: derived from the engine's completed runs, docs/sut-protocol.md)
+              ("run_timeout_s", float | None, field(default=None)),
               ("settings", tuple, field(default=())),  # (name, value) pairs, checked against the declaration
               ("declaration", Declaration | None, field(default=None))]  # the external engine's hello
     # Built-in engine settings: None = not given (the engine's declared default applies).
@@ -196,11 +199,11 @@ def _external_keys(raw: dict, where: str) -> dict:
             raise ConfigError(f"{where}.cwd must be a non-empty string, got {raw['cwd']!r}")
         out["cwd"] = raw["cwd"]
     env = raw.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(k, str) and k and "=" not in k and isinstance(v, str)
-                                            for k, v in env.items()):
-        raise ConfigError(f"{where}.env must be a table of NAME = \"value\" strings")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and k and "=" not in k and "\0" not in k
+                                            and isinstance(v, str) and "\0" not in v for k, v in env.items()):
+        raise ConfigError(f"{where}.env must be a table of NAME = \"value\" strings (no NUL, no '=' in a name)")
     out["env"] = tuple(sorted(env.items()))
-    for key, hi in (("startup_timeout_s", MAX_STARTUP_S), ("answer_timeout_s", MAX_ANSWER_S)):
+    for key, hi in (("startup_timeout_s", MAX_STARTUP_S), ("answer_timeout_s", MAX_ANSWER_S), ("run_timeout_s", MAX_RUN_S)):
         if key in raw:
             out[key] = check_number(raw[key], f"{where}.{key}", 1.0, hi)
     settings = raw.get("settings", {})

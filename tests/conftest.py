@@ -57,6 +57,10 @@ MARKS_BY_TEST = {
     "test_external_engine.py": {"cluster"},  # `cancelbench sweep` subprocesses with external engines
     "test_harness.py": {"cluster"},  # benchmarks/harness.py runs a sweep in process
     "test_external_sweep.py": {"cluster"},  # run_sweep in process on the local_ray fixture
+    # `cancelbench sweep` subprocesses with external engines (its sut-check tests start no Ray)
+    "test_verdict.py::test_a_sweep_judges_each_engine_by_what_the_agent_saw": {"cluster"},
+    "test_verdict.py::test_a_reference_run_that_reports_a_cancel_is_the_engines_error": {"cluster"},
+    "test_verdict.py::test_an_engine_setting_that_is_not_a_finite_number_stops_the_sweep_before_any_trial": {"cluster"},
     "test_signals.py": {"cluster"},  # `cancelbench sweep` subprocesses, signalled
     "test_full_disk.py": {"cluster"},  # `cancelbench sweep` subprocesses on a small tmpfs
     "test_clean_stdout.py": {"cluster"},  # a real CLI sweep, then reports (also --engine ray)

@@ -330,7 +330,8 @@ def wait_for_agent_engine(proc: subprocess.Popen, out: Path, tag: str) -> tuple[
             procs = tagged(tag)
             engines = [p for p in procs if _env(p).get(ENGINE_TAG) == "slow" and _ppid(p) != proc.pid]
             for e in engines:
-                reapers = [p for p in procs if _cmdline(p)[-2:] == ["cancelbench.sut.reaper", str(e.pid)]]
+                # python -m cancelbench.sut.reaper PGID MARK
+                reapers = [p for p in procs if _cmdline(p)[-3:-1] == ["cancelbench.sut.reaper", str(e.pid)]]
                 if reapers:
                     return e, reapers[0]
         time.sleep(0.1)

@@ -78,7 +78,8 @@ def test_an_engine_of_another_protocol_version_fails_at_hello_and_the_rest_is_no
     report = json.loads(r.stdout)
     assert r.returncode == 1
     first, *rest = report["checks"]
-    assert first == {"name": "hello", "ok": False, "detail": "the engine speaks protocol 2; this cancelbench speaks 1"}
+    assert first == {"name": "hello", "ok": False, "detail": "the engine speaks protocol 2; this cancelbench speaks 1",
+                     "skipped": False}
     assert rest and all(not c["ok"] and c["detail"] == "not run: hello failed" for c in rest)
 
 
@@ -88,6 +89,10 @@ def test_an_engine_of_another_protocol_version_fails_at_hello_and_the_rest_is_no
     (("--setting", "sim_steps=0"), "sim_steps must be >= 1"),
     (("--mechanism", "telepathy"), "--mechanism telepathy: the engine declares"),
     (("--model", "/nonexistent.gguf"), "not a file"),
+    (("--startup-timeout", "-1"), "--startup-timeout must be a number of seconds in [1, 600], got -1.0"),
+    (("--startup-timeout", "inf"), "got inf"),
+    (("--startup-timeout", "nan"), "got nan"),
+    (("--startup-timeout", "0"), "got 0.0"),
 ])
 def test_bad_options_are_one_line_and_exit_2(args, message):
     command = () if not args else ("--", sys.executable, "-m", "cancelbench.sut.builtin", "sim")

@@ -15,11 +15,12 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 
 
-from .client import EngineError, EngineProcess, group_alive, in_trial
+from .client import EngineError, EngineProcess, end_leftovers, group_alive, in_trial
 from .declaration import Declaration, SettingError
 
 EXIT_OK, EXIT_FAILURES, EXIT_INPUT = 0, 1, 2  # the command's exit codes (cancelbench.cli)
 EVENT_TIMEOUT_S = 60.0  # a run that says nothing for this long fails its check (a hung engine)
+MIN_STARTUP_S, MAX_STARTUP_S = 1.0, 600.0  # --startup-timeout, as a workload's startup_timeout_s
 
 
 class CheckInputError(ValueError):
@@ -31,20 +32,41 @@ class Check:
     name: str
     ok: bool
     detail: str = ""
+    skipped: bool = False  # could not be tried here (ok stays True: nothing failed)
 
 
 @dataclass
 class Run:
-    """One run as the engine reported it."""
+    """One run as the engine reported it, and what the checker saw of it (its own clock)."""
 
     trial: str
     events: list[dict] = field(default_factory=list)  # phase/step/cancel_seen, in order
     done: dict | None = None
     problems: list[str] = field(default_factory=list)  # protocol breaches seen on the way
+    kind: str = "cancel"  # reference | cancel
+    t_cancel_sent: int | None = None  # the checker wrote the cancel
+    t_done_read: int | None = None
+    reach_ns: int | None = None
 
     @property
     def phases(self) -> list[str]:
         return [e["phase"] for e in self.events if e["type"] == "phase"]
+
+    def done_after_cancel_ms(self) -> float:
+        return (self.t_done_read - self.t_cancel_sent) / 1e6
+
+    def outcome(self, clock) -> tuple[str, str | None]:
+        """The sweep's outcome rule (cancelbench.schema.classify_outcome) on what the checker saw."""
+        from cancelbench.schema import classify_outcome
+
+        d = self.done
+        received = d.get("cancel_received_t")
+        return classify_outcome({
+            "outcome": d["outcome"] if d["outcome"] in ("completed", "cancelled") else "error",
+            "trial_kind": self.kind, "t_received_ns": self.t_cancel_sent, "t_cancel_forwarded_ns": self.t_cancel_sent,
+            "t_engine_done_read_ns": self.t_done_read, "cancel_reach_ns": self.reach_ns,
+            "t_terminal_ns": clock.to_agent(d["t"]),
+            "t_engine_received_ns": None if received is None else clock.to_agent(received)})
 
 
 class Checker:
@@ -61,13 +83,24 @@ class Checker:
     def _input(self) -> str:
         return "" if self.decl.input == "none" else self.text
 
-    def run(self, trial: str, *, cancel_at=None, cancel_first: bool = False) -> Run:
-        """Run ``trial``; ``cancel_at(event) -> bool`` says at which event to send its cancel."""
-        proc, run = self.proc, Run(trial)
+    def run(self, trial: str, *, cancel_at=None, cancel_first: bool = False, kind: str = "cancel") -> Run:
+        """Run ``trial``; ``cancel_at(event) -> bool`` says at which event to send its cancel. Each cancel
+        and the run line are followed by a ping: the round trips answered during the run are the cancel's
+        reach (EngineProcess.reach_ns), as in a sweep."""
+        proc, run = self.proc, Run(trial, kind=kind)
+        pings: dict[int, int] = {}
+
+        def send_cancel() -> None:
+            run.t_cancel_sent = proc.send({"type": "cancel", "trial": trial})
+            ping_id, t = proc.send_ping()
+            pings[ping_id] = t
+
         if cancel_first:
-            proc.send({"type": "cancel", "trial": trial})
+            send_cancel()
         t_run = proc.send({"type": "run", "trial": trial, "mechanism": self.mechanism, "input": self._input(),
                            "settings": self.settings, "output_path": None})
+        ping_id, t = proc.send_ping()
+        pings[ping_id] = t
         sent_cancel = cancel_first
         last = t_run
         while run.done is None:
@@ -77,6 +110,9 @@ class Checker:
                 raise EngineError(f"the engine said nothing for {EVENT_TIMEOUT_S:g} s during run {trial}") from None
             msg = proc.check(got, f"the done of {trial}").msg
             if msg["type"] == "pong":
+                sent_at = pings.pop(msg["id"], None)
+                if sent_at is not None:
+                    proc.run_rtts.append(got.t_read_ns - sent_at)
                 continue
             if msg["type"] not in ("phase", "step", "cancel_seen", "done") or msg.get("trial") != trial:
                 run.problems.append(f"a {msg['type']} message for {msg.get('trial')!r} during run {trial}")
@@ -87,11 +123,14 @@ class Checker:
                 t = proc.clock.to_agent(msg["t"])
             last = max(last, t)
             if msg["type"] == "done":
-                run.done = msg
+                run.done, run.t_done_read = msg, got.t_read_ns
+                run.reach_ns = proc.reach_ns()
+                if msg["phase"] not in self.decl.phase_names:
+                    run.problems.append(f"done says phase {msg['phase']!r}, which is not declared")
             else:
                 run.events.append(msg)
                 if not sent_cancel and cancel_at is not None and cancel_at(msg):
-                    proc.send({"type": "cancel", "trial": trial})
+                    send_cancel()
                     sent_cancel = True
         return run
 
@@ -122,13 +161,16 @@ class Checker:
         return Check("load", True, f"settings {json.dumps({**self.settings, **effective}, sort_keys=True)[:300]}")
 
     def reference(self) -> list[Check]:
-        run = self.run(self._trial("reference"))
+        run = self.run(self._trial("reference"), kind="reference")
         done, phases = run.done, run.phases
         out = []
         first = list(dict.fromkeys(phases))
         declared = list(self.decl.phase_names)
         problems = list(run.problems)
-        if done["outcome"] != "completed":
+        outcome, why = run.outcome(self.proc.clock)
+        if why is not None:
+            problems.append(why)
+        elif done["outcome"] != "completed":
             problems.append(f"the run ended {done['outcome']}: {done.get('error') or ''}".strip())
         if not run.events or run.events[0]["type"] != "phase":
             problems.append("the first event of a run must be a phase event")
@@ -177,9 +219,14 @@ class Checker:
     def cancel_before_run(self) -> Check:
         run = self.run(self._trial("latched"), cancel_first=True)
         d = run.done
-        if d["outcome"] != "cancelled":
+        outcome, _ = run.outcome(self.proc.clock)
+        if outcome == "error":
+            return Check("cancel_before_run", False, f"the run with a cancel sent before it ended error: "
+                         f"{d.get('error') or 'no message'}")
+        if outcome != "cancelled":
             return Check("cancel_before_run", False, f"a cancel sent before the run was not latched: the run "
-                         f"ended {d['outcome']} (a dropped cancel)")
+                         f"ended {d['outcome']}, {run.done_after_cancel_ms():.1f} ms after the cancel was sent "
+                         f"(a dropped cancel)")
         if "cancel_received_t" not in d:
             return Check("cancel_before_run", False, "cancelled, but done has no cancel_received_t")
         return Check("cancel_before_run", not run.problems, "; ".join(run.problems) or "latched: the run ended "
@@ -191,19 +238,23 @@ class Checker:
             run = self.run(self._trial(f"in-{phase}"),
                            cancel_at=lambda e, p=phase: e["type"] == "phase" and e["phase"] == p)
             d, name = run.done, f"cancel_in_{phase}"
+            outcome, _ = run.outcome(self.proc.clock)
             if phase not in run.phases:
                 out.append(Check(name, False, f"the run never entered {phase}"))
-            elif d["outcome"] == "cancelled":
+            elif outcome == "cancelled":
                 stopped += 1
                 ok = "cancel_received_t" in d and not run.problems
                 out.append(Check(name, ok, "; ".join(run.problems) or ("stopped in " + d["phase"] if ok else
                                  "cancelled, but done has no cancel_received_t")))
-            elif d["outcome"] == "completed" and "cancel_received_t" in d:
-                out.append(Check(name, False, f"the engine read the cancel in {phase} and completed anyway "
-                                              "(a dropped cancel)"))
-            elif d["outcome"] == "completed":
-                out.append(Check(name, True, f"the run ended before the engine read the cancel ({phase} is too "
-                                             "short to aim at from here)"))
+            elif outcome == "dropped":
+                said = "it read the cancel" if "cancel_received_t" in d else "it did not say it read the cancel"
+                out.append(Check(name, False, f"the cancel sent in {phase} was dropped: the run completed "
+                                 f"{run.done_after_cancel_ms():.1f} ms after the cancel was sent, past the "
+                                 f"{(run.reach_ns or 0) / 1e6:.2f} ms it takes to reach the engine ({said})"))
+            elif outcome == "completed":
+                out.append(Check(name, True, f"the run completed within the cancel's reach of "
+                                 f"{(run.reach_ns or 0) / 1e6:.2f} ms ({phase} is too short to aim at from here)",
+                                 skipped=True))
             else:
                 out.append(Check(name, False, f"the run ended {d['outcome']}: {d.get('error', '')}"))
         if not stopped:
@@ -228,8 +279,9 @@ class Checker:
                          (b'{"type": "run"}\n', "run")):
             proc.send_line(line)
             try:
-                got = proc.messages.get(timeout=EVENT_TIMEOUT_S)
-                msg = proc.check(got, "an error answer").msg
+                msg = {"type": "pong"}
+                while msg["type"] == "pong":  # a late pong of a run's ping is no answer to this line
+                    msg = proc.check(proc.messages.get(timeout=EVENT_TIMEOUT_S), "an error answer").msg
             except queue.Empty:
                 problems.append(f"no answer to {line.strip().decode()[:40]!r}")
                 continue
@@ -249,9 +301,11 @@ class Checker:
             self.proc.kill()
             return Check("shutdown", False, "still running 5 s after shutdown (killed)")
         left = group_alive(proc.pid)
+        strays = end_leftovers(self.proc.mark)  # what it started outside its group (its own session) too
         self.proc.kill()
-        problems = ([f"exit status {rc}"] if rc else []) + (["processes left in its group"] if left else [])
-        return Check("shutdown", not problems, "; ".join(problems) or "exit status 0, nothing left in its group")
+        problems = ([f"exit status {rc}"] if rc else []) + (["processes left in its group"] if left else []) + \
+            ([f"processes it started outlived it (killed): {'; '.join(strays)}"] if strays else [])
+        return Check("shutdown", not problems, "; ".join(problems) or "exit status 0, nothing it started is left")
 
 
 STEPS = ("hello", "clock", "load", "reference", "cancel_before_run", "cancel_in_phases", "cancel_after_done",
@@ -286,13 +340,19 @@ def run_checks(command: list[str], *, models: dict, settings: dict, text: str, m
 
 
 def render(decl: Declaration | None, checks: list[Check], fmt: str) -> str:
+    """The verdict; every engine-controlled text (its name, version, errors, stderr) escaped for a terminal."""
+    from cancelbench.reports.format import term_safe
+
     failed = sum(not c.ok for c in checks)
-    if fmt == "json":
+    skipped = sum(c.skipped for c in checks)
+    passed = len(checks) - failed - skipped
+    if fmt == "json":  # JSON escapes control characters itself
         return json.dumps({"engine": None if decl is None else {"name": decl.name, "version": decl.version},
-                           "checks": [asdict(c) for c in checks], "passed": len(checks) - failed,
-                           "failed": failed}, indent=2)
-    lines = [f"{'PASS' if c.ok else 'FAIL'} {c.name}: {c.detail}" for c in checks]
-    lines.append(f"sut-check: {len(checks) - failed} passed, {failed} failed")
+                           "checks": [asdict(c) for c in checks], "passed": passed, "failed": failed,
+                           "skipped": skipped}, indent=2)
+    lines = [f"{'SKIP' if c.skipped else 'PASS' if c.ok else 'FAIL'} {c.name}: {term_safe(' '.join(c.detail.split()))}"
+             for c in checks]
+    lines.append(f"sut-check: {passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
     return "\n".join(lines)
 
 
@@ -320,10 +380,15 @@ def cmd_sut_check(args) -> int:
         for role, path in models.items():
             if not os.path.isfile(path):
                 raise CheckInputError(f"--{role} {path}: not a file")
+        timeout = args.startup_timeout
+        if not (timeout == timeout and MIN_STARTUP_S <= timeout <= MAX_STARTUP_S):  # NaN, inf, 0, -1
+            raise CheckInputError(f"--startup-timeout must be a number of seconds in [{MIN_STARTUP_S:g}, "
+                                  f"{MAX_STARTUP_S:g}], got {timeout!r}")
         decl, checks = run_checks(command, models=models, settings=settings, text=args.input,
                                   mechanism=args.mechanism, startup_timeout_s=args.startup_timeout)
     except CheckInputError as exc:
-        print(f"cancelbench sut-check: error: {' '.join(str(exc).split())}", file=os.sys.stderr)
+        from cancelbench.reports.format import term_safe
+        print(f"cancelbench sut-check: error: {term_safe(' '.join(str(exc).split()))}", file=os.sys.stderr)
         return EXIT_INPUT
     try:
         print(render(decl, checks, args.format), flush=True)

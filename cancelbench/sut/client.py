@@ -12,12 +12,14 @@ and ``cancelbench sut-check``.
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import signal
 import subprocess
 import sys
 import threading
+import uuid
 from dataclasses import dataclass
 
 from cancelbench import native
@@ -28,6 +30,10 @@ from .protocol import ENGINE_TYPES, MAX_LINE_BYTES, ProtocolError, decode, encod
 CLOCK_PINGS = 8
 STDERR_KEEP = 8192  # bytes of stderr a record keeps (the last ones)
 SHUTDOWN_GRACE_S, TERM_GRACE_S = 5.0, 2.0
+REACH_PINGS = 64  # round trips of pongs during runs the cancel's reach is taken over (the last ones)
+# Set in every engine's environment, a value per engine process: what the engine starts inherits it, so a
+# process that left the engine's group (its own session) is still found and ended with the engine.
+MARK_ENV = "CANCELBENCH_ENGINE_MARK"
 
 
 class EngineError(RuntimeError):
@@ -82,21 +88,30 @@ class EngineProcess:
         self._stderr = bytearray()
         self._stderr_dropped = 0
         self._stderr_lock = threading.Lock()
-        self._write_lock = threading.Lock()
+        self._write_lock = threading.RLock()  # send_ping holds it around its id and its write
         self._ping_id = 0
         self._reaper: subprocess.Popen | None = None
         self.broken: str | None = None  # set once the stream can no longer be trusted
+        self.mark = uuid.uuid4().hex
+        # Round trips (ns) of the pings this process answered: at start-up, and during runs (the last
+        # REACH_PINGS, timed by the trial's reader): how long a line takes to reach it and an answer to come back.
+        self.startup_rtts: list[int] = []
+        self.run_rtts: collections.deque[int] = collections.deque(maxlen=REACH_PINGS)
 
     # -- start ---------------------------------------------------------------
     def start(self) -> Declaration:
         """Start the process, read its hello, check its clock. EngineError (one line) on failure;
         the process is gone then."""
+        if self.cwd is not None and not os.path.isdir(self.cwd):
+            raise EngineError(f"cannot start the engine {self.command[0]!r}: its cwd {self.cwd!r} is not a directory")
         try:
             self.proc = subprocess.Popen(
-                self.command, cwd=self.cwd, env={**os.environ, **self.env}, stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, bufsize=0)
-        except (OSError, ValueError) as exc:
-            raise EngineError(f"cannot start the engine {self.command[0]!r}: {exc.strerror or exc}") from None
+                self.command, cwd=self.cwd, env={**os.environ, **self.env, MARK_ENV: self.mark},
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                bufsize=0)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the argv or the environment
+            raise EngineError(f"cannot start the engine {self.command[0]!r}: "
+                              f"{getattr(exc, 'strerror', None) or exc}") from None
         self._start_reaper()
         threading.Thread(target=self._read_stdout, name="engine-stdout", daemon=True).start()
         threading.Thread(target=self._read_stderr, name="engine-stderr", daemon=True).start()
@@ -117,7 +132,8 @@ class EngineProcess:
     def _start_reaper(self) -> None:
         """A small process that kills the engine's group if this process dies without closing it."""
         try:
-            self._reaper = subprocess.Popen([sys.executable, "-m", "cancelbench.sut.reaper", str(self.proc.pid)],
+            self._reaper = subprocess.Popen([sys.executable, "-m", "cancelbench.sut.reaper", str(self.proc.pid),
+                                             self.mark],
                                             stdin=subprocess.PIPE, start_new_session=True,
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except OSError:
@@ -129,22 +145,36 @@ class EngineProcess:
             sent = native.now_ns()
             pong = self.ping()
             back = native.now_ns()
+            self.startup_rtts.append(back - sent)
             t = pong.msg["t"]
             same = same and sent <= t <= back
             if best is None or back - sent < best[0]:
                 best = (back - sent, t - (sent + back) // 2)
         if same:
             return ClockCheck(True, 0, 0)
+        if not -(1 << 62) <= best[1] <= (1 << 62):  # its stamps converted (and the column) must stay in int64
+            raise EngineError(f"the engine's clock is {best[1]} ns from the agent's, beyond 2^62 ns: its pongs' t "
+                              "is not a monotonic clock reading")
         return ClockCheck(False, best[1], best[0] // 2)
 
     def ping(self, timeout_s: float | None = None) -> Received:
-        """A ping and its pong (other messages meanwhile are an error: only between trials)."""
-        self.send_ping()
-        got = self._next(timeout_s or self.answer_timeout_s, "a pong")
-        if got.msg.get("type") != "pong" or got.msg.get("id") != self._ping_id:
-            raise EngineError(f"expected pong {self._ping_id}, got {got.msg.get('type')!r} "
-                              f"{got.msg.get('id', '')!r}")
-        return got
+        """A ping and its pong (other messages meanwhile are an error: only between trials; a late pong
+        of an earlier ping, one a run's reach ping got after its done, is passed over)."""
+        ping_id, _ = self.send_ping()
+        while True:
+            got = self._next(timeout_s or self.answer_timeout_s, "a pong")
+            if got.msg.get("type") == "pong" and isinstance(got.msg.get("id"), int) and got.msg["id"] < ping_id:
+                continue
+            if got.msg.get("type") != "pong" or got.msg.get("id") != ping_id:
+                raise EngineError(f"expected pong {ping_id}, got {got.msg.get('type')!r} "
+                                  f"{str(got.msg.get('id', ''))[:40]!r}")
+            return got
+
+    def reach_ns(self) -> int:
+        """How long after the agent writes a cancel the engine's terminal state may still have come before
+        it: twice the slowest round trip this process answered (a cancel's trip in and its done's trip out,
+        each at most a round trip), over its start-up pings and the last REACH_PINGS during runs."""
+        return 2 * max([*self.startup_rtts, *self.run_rtts], default=0)
 
     def load(self, models: dict, settings: dict) -> dict:
         """``load``; the effective settings the engine reports (``loaded.settings``)."""
@@ -157,10 +187,13 @@ class EngineProcess:
         return dict(got.msg.get("settings") or {})
 
     # -- talking -------------------------------------------------------------
-    def send_ping(self) -> int:
-        """A ping with the next id (its pong answers it); the agent's clock when sent."""
-        self._ping_id += 1
-        return self.send({"type": "ping", "id": self._ping_id, "t": native.now_ns()})
+    def send_ping(self) -> tuple[int, int]:
+        """A ping with the next id (its pong answers it): (its id, the agent's clock when sent). Safe from
+        any thread (a run's reach ping goes out on the cancel's thread)."""
+        with self._write_lock:
+            self._ping_id += 1
+            ping_id = self._ping_id
+            return ping_id, self.send({"type": "ping", "id": ping_id, "t": native.now_ns()})
 
     def send(self, msg: dict) -> int:
         """Write one message; the agent's clock just before the write (nothing the engine does
@@ -282,6 +315,7 @@ class EngineProcess:
         if self.proc is None:
             return None
         pgid = self.proc.pid  # the leader of its own session and group
+        strays = descendants(pgid)  # its children that left its group (their own session), before it goes
         for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, TERM_GRACE_S)):
             if self.proc.poll() is not None and not group_alive(pgid):
                 break
@@ -293,6 +327,7 @@ class EngineProcess:
                 self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 pass
+        end_leftovers(self.mark, strays)
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             try:
                 stream.close()
@@ -317,6 +352,51 @@ def in_trial(clock: ClockCheck, t_engine: int, t_run: int, t_read: int, last: in
     within the clock's uncertainty: the engine does not stamp the clock it answered pings with."""
     t, u = clock.to_agent(t_engine), clock.uncertainty_ns
     return t if t_run - u <= t <= t_read + u and t >= last - u else None
+
+
+def descendants(pid: int) -> list:
+    """The live processes below ``pid`` (psutil.Process), whatever group or session they are in."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def marked(mark: str) -> list:
+    """Live processes (not zombies) whose environment carries this engine's mark: the engine and what it
+    started, also those that left its group and lost their parent. Only processes this user may read."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and p.environ().get(MARK_ENV) == mark:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def end_leftovers(mark: str, strays: list = ()) -> list[str]:
+    """SIGKILL what is left of an engine outside its process group (a child in its own session, a daemon
+    it started): its descendants found before it went and every process carrying its mark. What was left,
+    as 'pid command' (sut-check reports them)."""
+    import psutil
+
+    left = {p.pid: p for p in [*strays, *marked(mark)]}
+    named = []
+    for p in left.values():
+        try:
+            if not p.is_running() or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            named.append(f"{p.pid} {' '.join(p.cmdline())[:80]}")
+            p.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(list(left.values()), timeout=TERM_GRACE_S)
+    return named
 
 
 def group_alive(pgid: int) -> bool:

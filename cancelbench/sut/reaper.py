@@ -1,5 +1,6 @@
-"""``python -m cancelbench.sut.reaper PGID``: kill an engine's process group once the
-process that started it is gone.
+"""``python -m cancelbench.sut.reaper PGID [MARK]``: kill an engine's process group, and every
+process carrying its mark (``cancelbench.sut.client.MARK_ENV``: what it started in another session),
+once the process that started it is gone.
 
 The agent starts one per engine, with a pipe as this process's stdin; it never writes
 to it. End of stdin means the agent closed the pipe (it shut the engine down itself)
@@ -31,14 +32,22 @@ def reap(pgid: int) -> None:
             time.sleep(0.05)
 
 
+def reap_all(pgid: int, mark: str | None) -> None:
+    reap(pgid)
+    if mark:
+        from cancelbench.sut.client import end_leftovers
+        end_leftovers(mark)
+
+
 def main() -> int:
     pgid = int(sys.argv[1])
+    mark = sys.argv[2] if len(sys.argv) > 2 else None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: (reap(pgid), os._exit(0)))
+    signal.signal(signal.SIGTERM, lambda *_: (reap_all(pgid, mark), os._exit(0)))
     while os.read(0, 4096):
         pass
-    reap(pgid)
+    reap_all(pgid, mark)
     return 0
 
 

@@ -24,6 +24,12 @@ from cancelbench.sut.client import EngineError, EngineProcess, Received, in_tria
 from .base import CancelControl, EngineInputError, EngineResult
 
 LIVENESS_PING_S = 1.0  # silence during a run after which the engine is pinged
+# The bound on one run when the workload sets no run_timeout_s: before the engine has completed a run,
+# RUN_BOUND_FIRST_S; then RUN_BOUND_FACTOR times its longest completed run, at least RUN_BOUND_FLOOR_S
+# (a run that outlasts every run before it tenfold is stuck: the common deadlock answers pings, so
+# answer_timeout_s never fires). Over the bound the engine is killed and started again.
+RUN_BOUND_FIRST_S, RUN_BOUND_FACTOR, RUN_BOUND_FLOOR_S = 600.0, 10, 5.0
+INT_RANGES = {"int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1)}
 
 
 class ExternalEngine:
@@ -36,6 +42,8 @@ class ExternalEngine:
         self.effective: dict = {}
         self.proc: EngineProcess | None = None
         self.restarts = 0
+        self.run_timeout_s = workload.get("run_timeout_s")
+        self._longest_run_ns = 0  # the longest completed run of this workload's engine (t_run -> done read)
         self._columns: dict = {}
         try:
             self._start()
@@ -54,7 +62,7 @@ class ExternalEngine:
             raise EngineError("the engine's hello on this agent differs from the one the sweep was checked against "
                               f"(engine {decl.name} {decl.version})")
         self.declaration = decl
-        self.effective = proc.load(self.models, self.settings)
+        self.effective = checked_settings(decl, proc.load(self.models, self.settings))
 
     def describe(self) -> dict:
         d = self.declaration
@@ -82,13 +90,27 @@ class ExternalEngine:
         self.restarts += 1
         self._start()
 
+    def run_bound_ns(self) -> int:
+        """The longest this run may take before the engine is killed (see RUN_BOUND_FIRST_S)."""
+        if self.run_timeout_s is not None:
+            return int(float(self.run_timeout_s) * 1e9)
+        if not self._longest_run_ns:
+            return int(RUN_BOUND_FIRST_S * 1e9)
+        return max(int(RUN_BOUND_FLOOR_S * 1e9), RUN_BOUND_FACTOR * self._longest_run_ns)
+
     def run(self, request: TrialRequest, ctl: CancelControl) -> EngineResult:
         self._ensure_running()
         proc, trial = self.proc, request.trial_id
         sent: list[int] = []
+        # Pings of this run by id -> when sent: one after the run line, one after a forwarded cancel. Lines
+        # are read in order, so the pong after a cancel comes after the engine read the cancel; the round
+        # trips the trial's reader times (_follow) are the cancel's reach (EngineProcess.reach_ns).
+        self._pings: dict[int, int] = {}
 
         def send_cancel() -> None:
             sent.append(proc.send({"type": "cancel", "trial": trial}))
+            ping_id, t = proc.send_ping()
+            self._pings[ping_id] = t
 
         if ctl.cpu is not None:
             ctl.cpu.watch(proc.proc.pid)  # the engine's threads are its process's, not the agent's
@@ -97,8 +119,14 @@ class ExternalEngine:
         self._sent = sent
         t_run = proc.send({"type": "run", "trial": trial, "mechanism": request.mechanism, "input": request.input,
                            "settings": self.settings, "output_path": request.wav_out})
+        ping_id, t = proc.send_ping()
+        self._pings[ping_id] = t
+        self._trial_kind = request.trial_kind
         try:
-            return self._follow(ctl, trial, t_run)
+            result = self._follow(ctl, trial, t_run)
+            if result.outcome == "completed":
+                self._longest_run_ns = max(self._longest_run_ns, self._columns["t_engine_done_read_ns"] - t_run)
+            return result
         except EngineError:
             proc.kill()  # its stream can no longer be trusted: started again for the next trial
             proc.broken = proc.broken or "killed"
@@ -109,25 +137,36 @@ class ExternalEngine:
     def _follow(self, ctl: CancelControl, trial: str, t_run: int) -> EngineResult:
         """The run's events until its done: progress for the anchors, timestamps checked."""
         proc, progress, clock = self.proc, ctl.progress, self.proc.clock
+        self._t_run = t_run
         segments: list[list] = []  # [phase, start_ns, end_ns]
         steps: dict[str, int] = {}
         step_min: dict[str, int] = {}
         step_start: int | None = None
         last_t, observed, last_heard = t_run, None, native.now_ns()
+        bound_ns = self.run_bound_ns()
         while True:
+            ran_ns = native.now_ns() - t_run
+            if ran_ns > bound_ns:
+                raise EngineError(f"trial {trial} ran for {ran_ns / 1e9:.1f} s, over its bound of "
+                                  f"{bound_ns / 1e9:g} s ({self._bound_source()}); killed")
             try:
-                got = proc.messages.get(timeout=LIVENESS_PING_S)
+                got = proc.messages.get(timeout=min(LIVENESS_PING_S, max(0.001, (bound_ns - ran_ns) / 1e9)))
             except queue.Empty:
                 silent_s = (native.now_ns() - last_heard) / 1e9
                 if silent_s > proc.answer_timeout_s:
                     raise EngineError(f"the engine answered nothing for {silent_s:.1f} s during trial {trial} "
                                       f"(answer_timeout_s = {proc.answer_timeout_s:g}); killed") from None
-                proc.send_ping()
+                if silent_s >= LIVENESS_PING_S:
+                    ping_id, t = proc.send_ping()
+                    self._pings[ping_id] = t
                 continue
             msg = proc.check(got, f"the done of trial {trial}").msg
             last_heard = got.t_read_ns
             kind = msg["type"]
             if kind == "pong":
+                sent_at = self._pings.pop(msg["id"], None)
+                if sent_at is not None:  # answered during the run: a round trip of the cancel's path
+                    proc.run_rtts.append(got.t_read_ns - sent_at)
                 continue
             if kind not in ("phase", "step", "cancel_seen", "done"):
                 raise EngineError(f"the engine sent a {kind!r} message during trial {trial}")
@@ -188,19 +227,45 @@ class ExternalEngine:
             durations[phase] = durations.get(phase, 0.0) + (end - start) / 1e6
             timeline.append((phase, (start - t0) / 1e6, (end - t0) / 1e6))
         counters = dict(msg.get("counters") or {})
-        received = msg.get("cancel_received_t")
-        returned = msg.get("native_returned_t")
+        forwarded = self._sent[0] if self._sent else None
         self._columns = {
-            "t_engine_received_ns": None if received is None else clock.to_agent(received),
             "t_engine_done_read_ns": got.t_read_ns,
-            "t_cancel_forwarded_ns": self._sent[0] if self._sent else None,
+            "t_cancel_forwarded_ns": forwarded,
             "t_native_observed_ns": observed,
-            "t_native_returned_ns": None if returned is None else clock.to_agent(returned),
-            "abort_polls": counters.get("abort_polls"),
+            "cancel_reach_ns": self.proc.reach_ns() if forwarded is not None else None,
             "engine_counters_json": json.dumps(counters, sort_keys=True) if counters else None,
             "tokens_generated_at_receipt": None,
         }
         self._columns = {k: v for k, v in self._columns.items() if v is not None or k == "t_native_observed_ns"}
+        if msg["phase"] not in self.declaration.phase_names:
+            raise EngineError(f"the engine's done says phase {msg['phase'][:64]!r}, which it did not declare")
+        # Every stamp on the agent's clock, inside what the agent saw of the trial: a cancel read no earlier
+        # than the agent wrote it, a native call's return between the run and its done.
+        u, t_run = clock.uncertainty_ns, self._t_run
+        received = msg.get("cancel_received_t")
+        if received is not None:
+            if forwarded is None:
+                what = "a reference run, which is sent none" if self._trial_kind == "reference" else \
+                    "a trial whose cancel the agent never sent it"
+                raise EngineError(f"the engine says it read a cancel (done.cancel_received_t) in {what}")
+            received = clock.to_agent(received)
+            if not forwarded - u <= received <= got.t_read_ns + u:
+                raise EngineError(f"done.cancel_received_t {msg['cancel_received_t']} lies outside the time the "
+                                  "cancel was in the engine's hands (after the agent wrote it, before the done)")
+            self._columns["t_engine_received_ns"] = received
+        returned = msg.get("native_returned_t")
+        if returned is not None:
+            returned = clock.to_agent(returned)
+            if not t_run - u <= returned <= got.t_read_ns + u:
+                raise EngineError(f"done.native_returned_t {msg['native_returned_t']} lies outside trial "
+                                  f"{msg['trial']} on the clock the engine answered pings with")
+            self._columns["t_native_returned_ns"] = returned
+        for name, width in (("abort_polls", "int64"), ("decode_rc", "int32"), ("n_input_tokens", "int32")):
+            value = counters.get(name)
+            lo, hi = INT_RANGES[width]
+            if value is not None and not lo <= value <= hi:
+                raise EngineError(f"done.counters.{name} = {value} is out of its column's range ({width})")
+        self._columns["abort_polls"] = counters.get("abort_polls")
         if msg["outcome"] == "error":
             raise EngineError(f"the engine failed: {' '.join(str(msg.get('error') or 'no message').split())[:1500]}")
         return EngineResult(
@@ -209,7 +274,33 @@ class ExternalEngine:
             phase_durations_ms=durations, phase_segments=timeline, n_input_tokens=counters.get("n_input_tokens"),
             phase_steps=steps, phase_step_ms={p: ns / 1e6 for p, ns in step_min.items()})
 
+    def _bound_source(self) -> str:
+        if self.run_timeout_s is not None:
+            return "run_timeout_s"
+        if not self._longest_run_ns:
+            return f"no run completed yet: {RUN_BOUND_FIRST_S:g} s; set run_timeout_s"
+        return (f"{RUN_BOUND_FACTOR} x its longest completed run, {self._longest_run_ns / 1e9:.3f} s, at least "
+                f"{RUN_BOUND_FLOOR_S:g} s; set run_timeout_s")
+
     def close(self) -> None:
         if self.proc is not None:
             self.proc.close()
             self.proc = None
+
+
+def checked_settings(decl, effective: dict) -> dict:
+    """An engine's ``loaded.settings``: declared names only, each a value its declaration allows
+    (type, bounds; no NaN or infinity): what the record's engine_settings_json may hold."""
+    from cancelbench.sut.declaration import SettingError
+
+    declared = {s.name for s in decl.settings}
+    out = {}
+    for name, value in effective.items():
+        if name not in declared:
+            raise EngineError(f"the engine's loaded.settings names {name[:64]!r}, which is not a setting it declared")
+        try:
+            decl.setting(name).check(value, f"loaded.settings.{name}")
+        except SettingError as exc:  # NaN and infinity among them: engine_settings_json stays JSON
+            raise EngineError(str(exc)) from None
+        out[name] = value
+    return out

@@ -13,7 +13,23 @@ time.monotonic_ns, the N-th run's events stamped with time.time_ns), unknown_tri
 close_stdout (closes stdout mid-run and keeps running), sigill (kills itself with
 SIGILL during the N-th run), silent (answers nothing, pings included, from the
 middle of a run), ignores_shutdown (ignores shutdown, end of stdin and SIGTERM;
-keeps sleeping). A mode that serves says so on stderr first, with its pid (a
+keeps sleeping).
+
+Modes whose defect the outcome rule must see through (issue 33): drops_silently (a
+cancel read in a run's first ``setup_ms``, default 300, is lost and never reported:
+no cancel_received_t; the run completes), no_latch (a cancel read before its run is
+forgotten when the run starts), claims_receipt (every done carries a
+cancel_received_t, reference runs too), claims_cancel (a reference run ends
+``cancelled``), bad_stamp (the N-th run's done.native_returned_t = 1), bad_phase (the
+N-th run's done names an undeclared phase), big_counter (the N-th run's
+done.counters.decode_rc = 2^31), nan_setting (loaded.settings.step_ms is NaN),
+deadlock (the N-th run's thread blocks for ever after its first step; the stdin
+thread still answers pings), escapes (at load it starts a child in its own
+session that sleeps; its pid on stderr: ``misbehave escapes: child pid P``),
+hostile_text (a version string and, in the N-th run, a done.error and stderr that
+carry terminal control sequences: ESC, OSC, BEL, CR, NUL).
+
+A mode that serves says so on stderr first, with its pid (a
 sweep keeps it in the first record's engine_stderr: a restart shows a new pid).
 """
 
@@ -23,6 +39,7 @@ import dataclasses
 import os
 import signal
 import sys
+import threading
 import time
 
 from cancelbench.sut.declaration import Declaration, MechanismInfo, Phase, Setting
@@ -30,14 +47,21 @@ from cancelbench.sut.protocol import encode
 from cancelbench.sut.server import Result, Trial, make_server
 
 MODES = ("exit_at_start", "never_hello", "wrong_version", "not_json", "huge_line", "other_clock", "unknown_trial",
-         "two_dones", "close_stdout", "sigill", "silent", "ignores_shutdown")
+         "two_dones", "close_stdout", "sigill", "silent", "ignores_shutdown", "drops_silently", "no_latch",
+         "claims_receipt", "claims_cancel", "bad_stamp", "bad_phase", "big_counter", "nan_setting", "deadlock",
+         "escapes", "hostile_text")
 
 DECLARATION = Declaration(
     name="misbehave", version="1", input="text",
     phases=(Phase("work", True),),
     mechanisms=(MechanismInfo("flag", "a flag checked between step calls"),),
     settings=(Setting("steps", "int", 5, 1, 100_000, "step calls per run"),
-              Setting("step_ms", "int", 10, 0, 600_000, "each step call's sleep, ms")))
+              Setting("step_ms", "int", 10, 0, 600_000, "each step call's sleep, ms"),
+              Setting("setup_ms", "int", 300, 0, 600_000, "drops_silently: the set-up at a run's start, ms")))
+
+
+# Clears the screen, sets the terminal's title, rings, returns the carriage, ends a C string.
+HOSTILE = "\x1b[2J\x1b]0;owned\x07\r\x00"
 
 
 def sleep_forever() -> None:
@@ -53,10 +77,19 @@ class Misbehave:
         self.server = None
         self.steps, self.step_ms = 5, 10
         self.declaration = dataclasses.replace(DECLARATION, protocol=2) if mode == "wrong_version" else DECLARATION
+        if mode == "hostile_text":
+            self.declaration = dataclasses.replace(DECLARATION, version="1" + HOSTILE + "x")
 
     def load(self, models: dict, settings: dict) -> dict | None:
         self.steps = int(settings.get("steps") or 5)
         self.step_ms = int(settings.get("step_ms") or 0)
+        self.setup_ms = int(settings.get("setup_ms") or 0)
+        if self.mode == "escapes":
+            import subprocess
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+            print(f"misbehave escapes: child pid {child.pid}", file=sys.stderr, flush=True)
+        if self.mode == "nan_setting":
+            return {"step_ms": float("nan")}
         return None
 
     def _defect(self, trial: Trial) -> None:
@@ -80,12 +113,44 @@ class Misbehave:
         elif mode == "silent":
             server.stdout_lock.acquire()  # every write, pongs included, waits for ever
             sleep_forever()
+        elif mode == "deadlock" and not trial.cancelled:  # (a restarted engine's N-th run, cancelled, is spared)
+            threading.Event().wait()  # the run thread is stuck; the stdin thread answers pings
 
     def run(self, trial: Trial) -> Result:
         self.runs += 1
-        other_clock = self.mode == "other_clock" and self.runs == self.n
+        mode, nth = self.mode, self.runs == self.n
+        other_clock = mode == "other_clock" and nth
         stamp = time.time_ns if other_clock else time.monotonic_ns
+        if mode == "no_latch" and trial.cancelled:  # THE DEFECT: a cancel read before the run is forgotten
+            trial.cancel_received_ns = None
+            trial._event.clear()
+        if mode == "drops_silently":  # THE DEFECT: a cancel read during the set-up is refused, and unsaid
+            trial.on_cancel = lambda t: False
+            if trial.cancelled:  # latched: forgotten too
+                trial.cancel_received_ns = None
+                trial._event.clear()
         trial.phase("work", stamp())
+        if mode == "drops_silently":
+            time.sleep(self.setup_ms / 1000)
+            trial.on_cancel = None
+        if mode == "hostile_text" and nth:
+            print("misbehave hostile_text: stderr " + HOSTILE, file=sys.stderr, flush=True)
+            return Result("error", error="failed " + HOSTILE + " here")
+        if mode == "claims_cancel" and not trial.cancelled:
+            return Result("cancelled")  # no cancel was ever sent
+        result = self._work(trial, stamp, other_clock)
+        if mode == "claims_receipt" and trial.cancel_received_ns is None:
+            trial.cancel_received_ns = trial.run_received_ns  # a receipt that never happened
+        if nth and result.outcome == "completed":
+            if mode == "bad_stamp":
+                result.native_returned_ns = 1
+            elif mode == "bad_phase":
+                result.phase = "nowhere"
+            elif mode == "big_counter":
+                result.counters = {"decode_rc": 1 << 31}
+        return result
+
+    def _work(self, trial: Trial, stamp, other_clock: bool) -> Result:
         for i in range(self.steps):
             if trial.cancelled:
                 return Result("cancelled", t_terminal_ns=stamp() if other_clock else None)
