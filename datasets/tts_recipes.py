@@ -37,7 +37,7 @@ are drawn after them), and the real DAC strides (8, 5, 4, 3) on a narrow DAC
 (``dac_dim`` 16: channels 16 -> 8 -> 4 -> 2 -> 1 over the four blocks, the
 real one 1536 -> 96; the spec of :data:`.field.REAL_STRIDES_SMALL` under its
 own name), so one 72-frame window decodes to 72 x 1920 = 138,240 samples
-(5.76 s of audio) in about 0.11-0.13 s on one CPU thread of a 2-core VM
+(5.76 s of audio) in about 0.10-0.13 s on one CPU thread of a 2-core VM
 (``dac_dim`` 32: 0.25-0.37 s): the engine is faster than real time and a
 playback buffer fills, as with a real model on a fast device.
 """
