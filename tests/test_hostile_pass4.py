@@ -1,0 +1,128 @@
+"""Hostile pass 4 (issue 33), each through the real command:
+
+1. a corpus WAV entry that is a FIFO, a directory, not a string, not 16 kHz mono 16-bit PCM, empty,
+   longer than 10 minutes or truncated: one line, exit 2, before Ray, nothing written (a FIFO is
+   never opened);
+2. a hello whose setting has min > max (or NaN/Infinity bounds): `sut-check`'s hello FAILs and a
+   sweep exits 2 naming the setting;
+3. an engine's text (its stderr, load error, run error, version) never reaches the terminal raw in a
+   `cancelbench: error:` line, which stays one line without a traceback fragment;
+4. a sweep whose engine crashed mid-trial prints the verdict it exits with (FAIL, exit 1) and says why
+   on stderr in one line;
+5. the report's Builds section shows an external engine's own version and build facts, escaped per
+   medium, not the agent's llama.cpp build.
+
+The engines are real processes: tests/data/engines/hostile_text.py (hostile text), raw_hello.py (a
+hello verbatim) and misbehave.py (sigill). The sweeps of 3 and 4 start a local Ray (marked cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import struct
+import subprocess
+import sys
+import uuid
+import wave
+from pathlib import Path
+
+import pytest
+
+from cancelbench.sut.declaration import Declaration
+from cancelbench.sut.protocol import ProtocolError
+from report_fixtures import cell_rows, write_dataset
+from test_cli import cancelbench
+from test_external_engine import MISBEHAVE, assert_none_left, header, sweep, workload
+from test_hostile_input import one_line_exit_2
+
+PY = sys.executable
+ENGINES = Path(__file__).resolve().parent / "data" / "engines"
+HOSTILE = ENGINES / "hostile_text.py"
+RAW_HELLO = ENGINES / "raw_hello.py"
+
+
+def raw_controls(text: str) -> list[str]:
+    """The control characters in ``text`` besides the newlines that end its lines."""
+    return sorted({repr(c) for c in text if c != "\n" and (ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0)})
+
+
+# --------------------------------------------------------------------- 1. corpus WAV entries
+
+def write_wav(path: Path, rate: int = 16_000, channels: int = 1, width: int = 2, frames: int = 1600) -> Path:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(b"\0" * (frames * channels * width))
+    return path
+
+
+def pcm_header(data_bytes: int) -> bytes:
+    """A 16 kHz mono 16-bit PCM WAV header whose data chunk claims ``data_bytes``."""
+    fmt = struct.pack("<HHIIHH", 1, 1, 16_000, 32_000, 2, 16)
+    return (b"RIFF" + struct.pack("<I", min(36 + data_bytes, 0xFFFFFFFF)) + b"WAVE"
+            + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", data_bytes))
+
+
+def huge_wav(path: Path) -> Path:
+    """A 4 GiB WAV (sparse: a header, then a hole) claiming about 37 hours of audio."""
+    path.write_bytes(pcm_header(0xFFFFFFF0))
+    os.truncate(path, 4 << 30)
+    return path
+
+
+def truncated_wav(path: Path) -> Path:
+    path.write_bytes(pcm_header(32_000 * 10) + b"\0" * 100)  # claims 10 s, holds 100 bytes
+    return path
+
+
+def fifo(path: Path) -> Path:
+    os.mkfifo(path)  # nobody writes it: opening it for reading would wait for ever
+    return path
+
+
+def directory(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+WAV_CASES = {
+    # id: (makes the entry's value from a path in tmp_path, what the one line says)
+    "fifo": (lambda p: str(fifo(p)), ["is not a regular file", "FIFO"]),
+    "directory": (lambda p: str(directory(p)), ["is a directory"]),
+    "integer": (lambda p: 5, ["'wav' must be a string", "got int 5"]),
+    "list": (lambda p: [str(p)], ["'wav' must be a string", "got list"]),
+    "table": (lambda p: {"path": str(p)}, ["'wav' must be a string", "got dict"]),
+    "8-bit": (lambda p: str(write_wav(p, width=1)), ["8-bit samples", "16000 Hz mono 16-bit PCM"]),
+    "32-bit": (lambda p: str(write_wav(p, width=4)), ["32-bit samples", "16000 Hz mono 16-bit PCM"]),
+    "0 frames": (lambda p: str(write_wav(p, frames=0)), ["holds no audio (0 frames)"]),
+    "4 GiB": (lambda p: str(huge_wav(p)), ["more than the 600 s (10 minutes)"]),
+    "truncated": (lambda p: str(truncated_wav(p)), ["is truncated", "320000 bytes", "holds 100"]),
+}
+
+
+@pytest.mark.parametrize("case", list(WAV_CASES))
+def test_a_bad_corpus_wav_is_one_line_exit_2_before_ray(tmp_path, case):
+    make, says = WAV_CASES[case]
+    corpus = tmp_path / "clips.jsonl"
+    corpus.write_text(json.dumps({"id": "c1", "wav": make(tmp_path / "clip.wav")}) + "\n")
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text(f"""
+[sweep]
+trials_per_cell = 1
+mechanisms = ["between_calls"]
+deliveries = ["agent"]
+[[workload]]
+name = "stt"
+engine = "stt"
+model = "fixture:qwen3asr-fixture"
+mmproj = "fixture:qwen3asr-fixture"
+inputs = "{corpus}"
+""")
+    out = tmp_path / "out"
+    r = cancelbench("sweep", "--config", cfg, "--out", out, "--quiet")
+    one_line_exit_2(r, f"{corpus}:1", *says)
+    assert r.stdout == "" and not out.exists()
