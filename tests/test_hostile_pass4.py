@@ -126,3 +126,53 @@ inputs = "{corpus}"
     r = cancelbench("sweep", "--config", cfg, "--out", out, "--quiet")
     one_line_exit_2(r, f"{corpus}:1", *says)
     assert r.stdout == "" and not out.exists()
+
+
+# --------------------------------------------------------------------- 2. hello settings
+
+def hello(setting: str) -> str:
+    """A hello line with one setting, as text (JSON's NaN and Infinity written as Python reads them)."""
+    return ('{"type":"hello","protocol":1,"engine":{"name":"raw","version":"1"},"clock":"CLOCK_MONOTONIC",'
+            '"input":"text","phases":[{"name":"work","steps":true}],"mechanisms":[{"name":"flag","reaches":"x"}],'
+            f'"settings":[{setting}]}}')
+
+
+HELLO_CASES = {
+    # id: (the setting, what the refusal names; None: refused, whatever the words)
+    "min above max": ('{"name":"steps","type":"int","default":null,"min":10,"max":1}',
+                      ["setting steps", "min 10 is greater than max 1"]),
+    "NaN min": ('{"name":"temp","type":"float","default":0.5,"min":NaN,"max":1}', None),
+    "Infinity max": ('{"name":"temp","type":"float","default":null,"min":0,"max":Infinity}', None),
+    "-Infinity min": ('{"name":"steps","type":"int","default":5,"min":-Infinity}', None),
+}
+
+
+@pytest.mark.parametrize("case", list(HELLO_CASES))
+def test_a_hello_with_impossible_bounds_fails_sut_check_and_the_sweep(tmp_path, case):
+    """The sweep's pre-flight reads the hello before Ray starts: exit 2, one line, nothing written.
+    (NaN and Infinity are refused where the engine's line is read, as not RFC 8259 JSON, or by
+    Declaration.from_hello: either way the hello FAILs.)"""
+    setting, says = HELLO_CASES[case]
+    command = [PY, RAW_HELLO, hello(setting)]
+    check = cancelbench("sut-check", "--", *command)
+    assert check.returncode == 1, check.stdout + check.stderr
+    first = check.stdout.splitlines()[0]
+    assert first.startswith("FAIL hello: ") and all(s in first for s in says or []), check.stdout
+
+    cfg, out = tmp_path / "sweep.toml", tmp_path / "out"
+    cfg.write_text(header(["flag"], ["agent"], trials=1) + workload("w", command))
+    r = cancelbench("sweep", "--config", cfg, "--out", out, "--quiet")
+    one_line_exit_2(r, "workload[0]", *(says or []))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("bounds", [{"min": math.nan}, {"max": math.inf}, {"min": -math.inf, "max": 1},
+                                    {"min": 2, "max": 1}, {"min": 2.5, "max": 2.0}])
+def test_declaration_from_hello_refuses_non_finite_or_crossed_bounds(bounds):
+    """A hello that reached Declaration.from_hello with such bounds (Python's json reads NaN and
+    Infinity; the wire's strict reader is one caller, not the only one): one line naming the setting."""
+    msg = json.loads(hello(json.dumps({"name": "temp", "type": "float", "default": None, **bounds})))
+    with pytest.raises(ProtocolError) as exc:
+        Declaration.from_hello(msg)
+    text = str(exc.value)
+    assert "setting temp" in text and "\n" not in text, text

@@ -161,6 +161,7 @@ class Declaration:
             setting = Setting(s["name"], s["type"], None, s.get("min"), s.get("max"), s.get("doc", ""))
             if s["type"] not in ("int", "float") and ("min" in s or "max" in s):
                 raise ProtocolError(f"malformed hello: setting {s['name']}: min/max apply to int and float only")
+            _check_bounds(s)
             if s["default"] is not None:
                 try:
                     default = setting.check(s["default"], f"setting {s['name']} default")
@@ -177,6 +178,19 @@ class Declaration:
     def contract(self) -> str:
         """The declaration as canonical JSON: two agents' engines must say the same."""
         return json.dumps(self.to_hello(), sort_keys=True)
+
+
+def _check_bounds(s: dict) -> None:
+    """A declared setting's min and max: finite numbers (JSON's NaN and Infinity, which Python's
+    reader accepts, are not), min <= max. ProtocolError (one line, naming the setting) otherwise;
+    the default is then checked against them (Setting.check)."""
+    for key in ("min", "max"):
+        value = s.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            raise ProtocolError(f"malformed hello: setting {s['name']}: {key} must be a finite number, got {value!r}")
+    if s.get("min") is not None and s.get("max") is not None and s["min"] > s["max"]:
+        raise ProtocolError(f"malformed hello: setting {s['name']}: min {s['min']!r} is greater than max {s['max']!r}")
 
 
 def render_settings_table(decl: Declaration, title: str) -> str:
