@@ -66,11 +66,16 @@ bench: setup fixtures
 	$(BIN)/cancelbench report benchmarks/results/graph_eval_cpu/
 
 SUT_ENGINE := build/sut/cancelbench-text-engine
+# libcancelbench: the cancel token and its readers as a C library (header, .so, .a, .pc)
+LIBCANCELBENCH := build/libcancelbench/lib/pkgconfig/cancelbench.pc
 
-setup: system-deps $(VENV)/.stamp-install-$(LLAMA_VARIANT) $(SUT_ENGINE)
+setup: system-deps $(VENV)/.stamp-install-$(LLAMA_VARIANT) $(LIBCANCELBENCH) $(SUT_ENGINE)
 
-# The C protocol engine, linked against the installed wheel's libllama.
-$(SUT_ENGINE): native/sut_text_engine.c native/build_sut_engine.sh $(VENV)/.stamp-install-$(LLAMA_VARIANT) | system-deps
+$(LIBCANCELBENCH): native/cancel_token.c native/cancel_token.h native/build_libcancelbench.sh
+	FORCE=1 bash native/build_libcancelbench.sh
+
+# The C protocol engine, linked against the installed wheel's libllama and libcancelbench.
+$(SUT_ENGINE): native/sut_text_engine.c native/build_sut_engine.sh $(LIBCANCELBENCH) $(VENV)/.stamp-install-$(LLAMA_VARIANT) | system-deps
 	PYTHON=$(BIN)/python FORCE=1 bash native/build_sut_engine.sh
 
 system-deps:

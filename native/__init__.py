@@ -35,6 +35,7 @@ DEFAULT_GRAPH_SLICE_US = 2000
 _P, _I64, _U64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64
 # (name, restype, argtypes) of every function cancel_token.h declares, in its order.
 SIGNATURES: tuple[tuple[str, type | None, tuple[type, ...]], ...] = (
+    ("cb_abi_version", ctypes.c_int, ()),
     ("cb_set_clock_skew_ns", None, (_I64,)),
     ("cb_now_ns", _I64, ()),
     ("cb_token_new", _P, ()),

@@ -2,7 +2,9 @@
 # Build the C protocol engine (native/sut_text_engine.c) into
 # build/sut/cancelbench-text-engine, linked against the libllama.so (and its
 # ggml libraries) of the installed llama-cpp-python wheel, with an rpath to
-# that directory.
+# that directory, and against libcancelbench (its cancel token and abort
+# reader: native/build_libcancelbench.sh, built here first if needed) through
+# pkg-config, with an rpath to build/libcancelbench/lib.
 #
 #   PYTHON   the interpreter whose llama_cpp package is used (default .venv/bin/python)
 #   CC       the C compiler (default cc)
@@ -65,9 +67,17 @@ CJSON_CFLAGS="$(pkg-config --cflags libcjson 2>/dev/null || true)"
 CJSON_LIBS="$(pkg-config --libs libcjson 2>/dev/null || echo -lcjson)"
 [[ -f /usr/include/cjson/cJSON.h || -n "$CJSON_CFLAGS" ]] || die "cJSON headers not found (apt-get install libcjson-dev)"
 
-# Up to date: newer than the source, this script and the library it links.
+# libcancelbench (idempotent: a no-op when it is up to date).
+CB_PREFIX="$ROOT/build/libcancelbench"
+bash "$ROOT/native/build_libcancelbench.sh" >&2 || die "libcancelbench did not build"
+command -v pkg-config >/dev/null 2>&1 || die "pkg-config not found (apt-get install pkg-config)"
+CB_PC="$CB_PREFIX/lib/pkgconfig"
+CB_CFLAGS="$(PKG_CONFIG_PATH="$CB_PC" pkg-config --cflags cancelbench)" || die "pkg-config cannot read $CB_PC/cancelbench.pc"
+CB_LIBS="$(PKG_CONFIG_PATH="$CB_PC" pkg-config --libs cancelbench)"
+
+# Up to date: newer than the source, this script and the libraries it links.
 if [[ "${FORCE:-0}" != 1 && -x "$OUT" && "$OUT" -nt "$SRC" && "$OUT" -nt "${BASH_SOURCE[0]}" \
-      && "$OUT" -nt "$LIB_DIR/libllama.so" ]]; then
+      && "$OUT" -nt "$LIB_DIR/libllama.so" && "$OUT" -nt "$CB_PC/cancelbench.pc" ]]; then
   echo "build_sut_engine: $OUT is up to date"
   exit 0
 fi
@@ -77,10 +87,11 @@ TMP="$OUT.tmp.$$"
 trap 'rm -f "$TMP"' EXIT
 # shellcheck disable=SC2086
 "$CC" -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -pthread \
-  -I"$INC_DIR" $CJSON_CFLAGS \
+  -I"$INC_DIR" $CB_CFLAGS $CJSON_CFLAGS \
   -DSUT_LLAMA_CPP_PYTHON_VERSION="\"$LLAMA_VERSION\"" -DSUT_LLAMA_LIB_DIR="\"$LIB_DIR\"" \
   "$SRC" -o "$TMP" \
+  $CB_LIBS -Wl,-rpath,"$CB_PREFIX/lib" \
   -L"$LIB_DIR" -Wl,-rpath,"$LIB_DIR" -lllama -lggml -lggml-base $CJSON_LIBS -lm
 mv -f "$TMP" "$OUT"
 trap - EXIT
-echo "build_sut_engine: built $OUT (llama-cpp-python $LLAMA_VERSION, $LIB_DIR)"
+echo "build_sut_engine: built $OUT (llama-cpp-python $LLAMA_VERSION, $LIB_DIR; libcancelbench $CB_PREFIX/lib)"

@@ -79,6 +79,10 @@ struct cb_token {
  * inject a known skew between agent and driver clocks (clock-offset check). */
 static _Atomic int64_t cb_clock_skew_ns = 0;
 
+CB_EXPORT int cb_abi_version(void) {
+    return CANCELBENCH_ABI_VERSION;
+}
+
 CB_EXPORT void cb_set_clock_skew_ns(int64_t skew) {
     atomic_store_explicit(&cb_clock_skew_ns, skew, memory_order_relaxed);
 }

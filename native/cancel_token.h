@@ -1,9 +1,22 @@
 /*
  * cancelbench native cancel token: the whole exported interface.
  *
- * Loaded with ctypes by cancelbench.native (native/__init__.py); its
- * declarations there are checked against this header by
- * tests/test_native_interface.py. Built by setup.py (Linux and macOS).
+ * Two builds of one source (cancel_token.c):
+ *   - libcancelbench, the C library with a versioned ABI: installed by
+ *     native/build_libcancelbench.sh (`make setup`) as <prefix>/include/cancelbench/
+ *     cancel_token.h, <prefix>/lib/libcancelbench.so.<major> (+ .a) and
+ *     <prefix>/lib/pkgconfig/cancelbench.pc, prefix build/libcancelbench/ here.
+ *     The shipped C engine (native/sut_text_engine.c) links it; docs/native-readers.md.
+ *   - the Python package's ctypes library, built by setup.py (Linux and macOS)
+ *     and loaded by cancelbench.native (native/__init__.py); its declarations
+ *     there are checked against this header by tests/test_native_interface.py.
+ *
+ * ABI versioning: CANCELBENCH_ABI_VERSION_MAJOR is the shared library's SONAME
+ * version (libcancelbench.so.<major>); it changes when an exported function is
+ * removed or changes its signature or meaning, or a documented layout guarantee
+ * (the flag byte at offset 0) changes. _MINOR grows when functions are added.
+ * A program built against major M, minor m runs with a library whose
+ * cb_abi_version() has the same major and a minor >= m.
  *
  * Units: every *_ns value is nanoseconds on the agent clock, cb_now_ns()
  * (CLOCK_MONOTONIC plus a test-only skew); every *_us argument is microseconds.
@@ -47,6 +60,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#define CANCELBENCH_ABI_VERSION_MAJOR 1
+#define CANCELBENCH_ABI_VERSION_MINOR 0
+/* major * 1000 + minor: what cb_abi_version() returns from this build */
+#define CANCELBENCH_ABI_VERSION (CANCELBENCH_ABI_VERSION_MAJOR * 1000 + CANCELBENCH_ABI_VERSION_MINOR)
+
+/* Every function below is exported; both builds compile with -fvisibility=hidden,
+ * so nothing else in cancel_token.c is. */
 #ifndef CB_EXPORT
 #define CB_EXPORT __attribute__((visibility("default")))
 #endif
@@ -58,6 +78,14 @@ extern "C" {
 /* Opaque. Its first byte is the cancel flag (non-zero = abort), so a binding
  * that only knows "a byte at this address" can read or set it. */
 typedef struct cb_token cb_token;
+
+/* --- ABI version ------------------------------------------------------ */
+
+/* The library's ABI version, major * 1000 + minor (CANCELBENCH_ABI_VERSION of
+ * the header it was built from). Check at start-up: cb_abi_version() / 1000 ==
+ * CANCELBENCH_ABI_VERSION_MAJOR and cb_abi_version() % 1000 >=
+ * CANCELBENCH_ABI_VERSION_MINOR. Any thread. */
+CB_EXPORT int cb_abi_version(void);
 
 /* --- agent clock ------------------------------------------------------- */
 

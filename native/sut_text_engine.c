@@ -9,11 +9,13 @@
  *
  * Mechanisms:
  *   between_calls   the cancel flag is checked before every llama_decode call.
- *   abort_callback  this file's own abort reader, registered with
- *                   llama_set_abort_callback, reads the atomic cancel flag
- *                   inside llama_decode (after every graph node on CPU); an
- *                   aborted llama_decode returns 2. The first time the reader
- *                   saw the flag is reported as `cancel_seen`.
+ *   abort_callback  libcancelbench's abort reader (cb_token_reader, the one
+ *                   copy the Python package uses too), registered with
+ *                   llama_set_abort_callback on the engine's cancel token,
+ *                   reads its flag byte inside llama_decode (after every graph
+ *                   node on CPU); an aborted llama_decode returns 2. The first
+ *                   time the reader saw the flag (cb_token_seen_ns) is reported
+ *                   as `cancel_seen`, its poll count as `abort_polls`.
  *
  * Threads: a stdin reader thread answers `ping` at once, handles `cancel`
  * (sets the flag of the running trial, latches a cancel for a trial not yet
@@ -22,7 +24,8 @@
  * end of input) to the main thread through a queue. Every stdout line is
  * written and flushed under one mutex. Logs go to stderr only.
  *
- * Build: native/build_sut_engine.sh (C11, pthreads, cJSON, libllama).
+ * Build: native/build_sut_engine.sh (C11, pthreads, cJSON, libllama, libcancelbench
+ * through pkg-config).
  */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
@@ -31,7 +34,6 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -42,6 +44,8 @@
 
 #include "ggml-backend.h"
 #include "llama.h"
+
+#include <cancelbench/cancel_token.h>
 
 #ifndef SUT_ENGINE_VERSION
 #define SUT_ENGINE_VERSION "0.1.0"
@@ -61,10 +65,10 @@
 
 /* ------------------------------------------------------------------ clock */
 
+/* libcancelbench's clock (CLOCK_MONOTONIC, no skew in this process), so the reader's
+ * seen stamp and every time this engine reports share one clock. */
 static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    return cb_now_ns();
 }
 
 /* ------------------------------------------------------------------ logging */
@@ -215,19 +219,18 @@ static size_t g_latch_next = 0;
 static char g_done_ids[DONE_CAP][MAX_TRIAL_ID + 1];
 static size_t g_done_next = 0;
 
-/* Read by the abort reader inside llama_decode and by the main thread between calls. */
-static atomic_bool g_flag = false;
-static atomic_int_fast64_t g_seen_t = 0;   /* first time the abort reader saw the flag */
-static atomic_uint_fast64_t g_polls = 0;   /* abort reader calls in this trial */
+/* The cancel token (libcancelbench), created in main: its flag is read by
+ * cb_token_reader inside llama_decode and by the main thread between calls; it
+ * stamps the first time a reader saw the flag (cb_token_seen_ns) and counts the
+ * polls. Set under g_mu, and reset only by trial_begin under g_mu (the token's
+ * reset contract: between trials, serialized with every set). */
+static cb_token *g_tok = NULL;
 
-/* The engine's own abort reader (ggml_abort_callback). */
-static bool abort_reader(void *data) {
-    (void)data;
-    atomic_fetch_add_explicit(&g_polls, 1, memory_order_relaxed);
-    if (!atomic_load_explicit(&g_flag, memory_order_acquire)) return false;
-    int_fast64_t expected = 0;
-    atomic_compare_exchange_strong(&g_seen_t, &expected, (int_fast64_t)now_ns());
-    return true;
+/* any thread: set the flag (a cancel, a shutdown, end of input) */
+static void token_set(void) {
+    pthread_mutex_lock(&g_mu);
+    cb_token_set(g_tok);
+    pthread_mutex_unlock(&g_mu);
 }
 
 static bool done_contains(const char *id) {
@@ -242,7 +245,7 @@ static void handle_cancel(const char *trial, int64_t t) {
     if (g_running && strcmp(g_trial, trial) == 0) {
         if (!g_cancel_received_t) {
             g_cancel_received_t = t;
-            atomic_store_explicit(&g_flag, true, memory_order_release);
+            cb_token_set(g_tok);
         }
     } else if (!done_contains(trial)) {
         bool present = false;
@@ -263,14 +266,12 @@ static int64_t trial_begin(const char *trial) {
     pthread_mutex_lock(&g_mu);
     snprintf(g_trial, sizeof g_trial, "%s", trial);
     g_cancel_received_t = 0;
-    atomic_store(&g_seen_t, 0);
-    atomic_store(&g_polls, 0);
-    atomic_store(&g_flag, false);
+    cb_token_reset(g_tok); /* flag, stamps, polls: the trial state */
     for (size_t i = 0; i < LATCH_CAP; i++) {
         if (g_latched[i].used && strcmp(g_latched[i].id, trial) == 0) {
             g_latched[i].used = false;
             g_cancel_received_t = g_latched[i].t;
-            atomic_store(&g_flag, true);
+            cb_token_set(g_tok);
         }
     }
     g_running = true;
@@ -415,7 +416,7 @@ static void *reader_main(void *arg) {
             }
         } else if (strcmp(ty, "shutdown") == 0) {
             /* sent between trials; one that comes during a run cuts it short (exit within 5 s) */
-            atomic_store(&g_flag, true);
+            token_set();
             enqueue(m);
         } else {
             emit_error(ty, "unknown message type '%.64s'", ty);
@@ -424,7 +425,7 @@ static void *reader_main(void *arg) {
     }
     free(line);
     /* End of input: the agent is gone. Stop the running trial, tell the main thread. */
-    atomic_store(&g_flag, true);
+    token_set();
     enqueue(NULL);
     return NULL;
 }
@@ -585,7 +586,7 @@ static int32_t step_decode(run_state *rs, llama_token *toks, int32_t n) {
         /* the call in flight when the cancel was read, or the call the cancel stopped */
         if ((rcv && rcv <= t1) || rc == 2) rs->native_returned_t = t1;
     }
-    int64_t seen = (int64_t)atomic_load(&g_seen_t);
+    int64_t seen = cb_token_seen_ns(g_tok);
     if (seen && !rs->seen_sent) { /* before the step's end: timestamps stay in order */
         rs->seen_sent = true;
         cJSON *o = msg("cancel_seen");
@@ -657,17 +658,18 @@ static void do_run(const cJSON *m) {
 
     llama_memory_clear(llama_get_memory(g_ctx), true);
     llama_sampler_reset(g_smpl);
-    llama_set_abort_callback(g_ctx, rs.mech == MECH_ABORT_CALLBACK ? abort_reader : NULL, NULL);
+    llama_set_abort_callback(g_ctx, rs.mech == MECH_ABORT_CALLBACK ? cb_token_reader : NULL,
+                             rs.mech == MECH_ABORT_CALLBACK ? (void *)g_tok : NULL);
 
     /* prefill: n_batch tokens per llama_decode */
     for (int64_t pos = 0; pos < n_prompt; pos += g_set[S_N_BATCH]) {
-        if (rs.mech == MECH_BETWEEN_CALLS && atomic_load(&g_flag)) {
+        if (rs.mech == MECH_BETWEEN_CALLS && cb_token_is_set(g_tok)) {
             cancelled = true;
             goto finish;
         }
         int32_t n = (int32_t)(n_prompt - pos < g_set[S_N_BATCH] ? n_prompt - pos : g_set[S_N_BATCH]);
         int32_t rc = step_decode(&rs, prompt + pos, n);
-        if (rc == 2 && atomic_load(&g_flag)) {
+        if (rc == 2 && cb_token_is_set(g_tok)) {
             cancelled = true;
             goto finish;
         }
@@ -683,14 +685,14 @@ static void do_run(const cJSON *m) {
     rs.phase = PHASE_GENERATE;
     emit_phase(trial, PHASE_GENERATE);
     for (int64_t i = 0; i < g_set[S_MAX_TOKENS]; i++) {
-        if (rs.mech == MECH_BETWEEN_CALLS && atomic_load(&g_flag)) {
+        if (rs.mech == MECH_BETWEEN_CALLS && cb_token_is_set(g_tok)) {
             cancelled = true;
             goto finish;
         }
         llama_token tok = llama_sampler_sample(g_smpl, g_ctx, -1);
         out[n_gen++] = tok;
         int32_t rc = step_decode(&rs, &tok, 1);
-        if (rc == 2 && atomic_load(&g_flag)) {
+        if (rc == 2 && cb_token_is_set(g_tok)) {
             cancelled = true;
             goto finish;
         }
@@ -731,7 +733,7 @@ finish:;
     add_i64(counters, "tokens_generated", n_gen);
     add_i64(counters, "n_input_tokens", n_prompt);
     add_i64(counters, "decode_rc", rs.last_rc);
-    add_i64(counters, "abort_polls", (int64_t)atomic_load(&g_polls));
+    add_i64(counters, "abort_polls", (int64_t)cb_token_polls(g_tok));
     add_i64(counters, "decode_calls", rs.decode_calls);
     emit(o);
     free(prompt);
@@ -832,6 +834,17 @@ int main(int argc, char **argv) {
                             "speaks the cancelbench engine protocol 1 on stdin/stdout\n", argv[0]);
             return 2;
         }
+    }
+    if (cb_abi_version() / 1000 != CANCELBENCH_ABI_VERSION_MAJOR ||
+        cb_abi_version() % 1000 < CANCELBENCH_ABI_VERSION_MINOR) {
+        fprintf(stderr, "libcancelbench ABI %d is not %d.%d or a later minor\n", cb_abi_version(),
+                CANCELBENCH_ABI_VERSION_MAJOR, CANCELBENCH_ABI_VERSION_MINOR);
+        return 1;
+    }
+    g_tok = cb_token_new();
+    if (!g_tok) {
+        fprintf(stderr, "out of memory (cancel token)\n");
+        return 1;
     }
     llama_log_set(llama_log_cb, NULL);
     llama_backend_init();
