@@ -23,8 +23,16 @@ class _Parser(argparse.ArgumentParser):
 
 def _fail(message: str, code: int = EXIT_INPUT) -> int:
     _stop_ray()  # its log forwarding must not print after (or around) the error line
-    print(f"cancelbench: error: {' '.join(str(message).split())}", file=sys.stderr)
+    _error(message)
     return code
+
+
+def _error(message: object) -> None:
+    """One ``cancelbench: error:`` line. Its text may be an engine's (a load error, a stderr tail, a
+    version): one line, control characters escaped, no traceback fragment (cancelbench.textsafe)."""
+    from cancelbench.textsafe import error_line
+
+    print(f"cancelbench: error: {error_line(message)}", file=sys.stderr)
 
 
 def _stop_ray() -> None:
@@ -94,25 +102,44 @@ def cmd_sweep(args) -> int:
     except KeyboardInterrupt as exc:
         return _interrupted(exc, out)
     for line in result.stopped:  # a device whose reference runs all failed (exit 1)
-        print(f"cancelbench: error: {line}", file=sys.stderr)
+        _error(line)
     print(f"sweep {result.sweep_id}: {result.written} trials written to {result.out_dir} "
           f"({', '.join(f'{k} {v}' for k, v in sorted(result.outcomes.items()))})"
           + (f"; {len(result.not_run)} not run" if result.not_run else ""))
     if not args.no_summary:
-        from cancelbench.reports.summary import write_sweep_reports
-
-        try:
-            print(write_sweep_reports(result.out_dir), end="")
-        except KeyboardInterrupt as exc:  # the sweep is complete; only its report files are missing
-            name = exc.name if isinstance(exc, signals.Interrupted) else "SIGINT"
-            print(f"cancelbench: interrupted by {name} while writing the report; the sweep is complete "
-                  f"(cancelbench report {result.out_dir})", file=sys.stderr)
-            return exc.exit_code if isinstance(exc, signals.Interrupted) else 130
-        except OSError as exc:  # a full disk: the records are safe, the report files are not written
-            return _fail(f"the records are written, but not report.txt/report.html in {result.out_dir} "
-                         f"({exc.strerror or exc}); free space and run: cancelbench report {result.out_dir}",
-                         EXIT_FAILURES)
+        code = _summary(result)
+        if code is not None:
+            return code
+    if result.exit_code and not result.stopped:  # exit 1 says why (a stopped device's line already did)
+        _stop_ray()
+        first = f" (first error: {result.first_error[:400]})" if result.first_error else ""
+        _error(f"the sweep failed (exit 1): {', '.join(result.failure_reasons())}{first}; "
+               f"see cancelbench report {result.out_dir}")
     return result.exit_code
+
+
+def _summary(result) -> int | None:
+    """Write the sweep's report files and print its summary, whose verdict is the sweep's exit code;
+    an exit code when that failed (a signal, a full disk), else None."""
+    from cancelbench import signals
+    from cancelbench.reports.summary import write_sweep_reports
+    from cancelbench.sink import DatasetError
+    from cancelbench.textsafe import error_line
+
+    try:
+        print(write_sweep_reports(result.out_dir, result.failure_reasons(defects=False)), end="")
+    except KeyboardInterrupt as exc:  # the sweep is complete; only its report files are missing
+        name = exc.name if isinstance(exc, signals.Interrupted) else "SIGINT"
+        print(f"cancelbench: interrupted by {name} while writing the report; the sweep is complete "
+              f"(cancelbench report {result.out_dir})", file=sys.stderr)
+        return exc.exit_code if isinstance(exc, signals.Interrupted) else 130
+    except DatasetError as exc:  # no cancel record to report (every reference run failed): no summary
+        print(f"no summary: {error_line(exc)}")
+    except OSError as exc:  # a full disk: the records are safe, the report files are not written
+        return _fail(f"the records are written, but not report.txt/report.html in {result.out_dir} "
+                     f"({exc.strerror or exc}); free space and run: cancelbench report {result.out_dir}",
+                     EXIT_FAILURES)
+    return None
 
 
 def cmd_fixtures(args) -> int:

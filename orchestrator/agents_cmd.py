@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import sys
 
+from cancelbench.textsafe import error_line, term_safe
+
+
+def _error(message: object) -> None:
+    """One ``cancelbench: error:`` line, its text made terminal-safe (cancelbench.textsafe)."""
+    print(f"cancelbench: error: {error_line(message)}", file=sys.stderr)
+
 
 def cmd_agents(args) -> int:
     import ray
@@ -14,13 +21,12 @@ def cmd_agents(args) -> int:
     backends = tuple(args.backend or BACKENDS)
     unknown = sorted(set(backends) - set(BACKENDS))
     if unknown:
-        print(f"cancelbench: error: unknown backend(s) {', '.join(unknown)} (known: {', '.join(BACKENDS)})",
-              file=sys.stderr)
+        _error(f"unknown backend(s) {', '.join(unknown)} (known: {', '.join(BACKENDS)})")
         return 2
     try:
         cluster.connect(args.address)
     except cluster.ClusterError as exc:
-        print(f"cancelbench: error: {exc}", file=sys.stderr)
+        _error(exc)
         return 2
     slots = _slots(cluster, backends)
     agents = [cluster.start_agent(s, n_threads=1, max_restarts=0) for s in slots]
@@ -30,7 +36,9 @@ def cmd_agents(args) -> int:
         for a in agents:
             ray.kill(a)
     cols = ("host", "platform", "backend", "device", "device_name", "llama_cpp_build")
-    rows = [[s.host, p["platform"], s.backend, s.device_id, p["device_name"], p["llama_cpp_build"]]
+    # what a probe says (a GPU driver's device name, a build string) is data: escaped like the report's cells
+    rows = [[term_safe(v) for v in (s.host, p["platform"], s.backend, s.device_id, p["device_name"],
+                                    p["llama_cpp_build"])]
             for s, p in zip(slots, probes)]
     widths = [max(len(c), *(len(str(r[i])) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))

@@ -59,6 +59,7 @@ class SweepResult:
     not_run: list[str] = field(default_factory=list)
     prior_outcomes: collections.Counter = field(default_factory=collections.Counter)  # on disk before --resume
     stopped: list[str] = field(default_factory=list)  # one line per device stopped early (ReferencesFailed)
+    first_error: str | None = None  # "trial id: error" of this run's first error record (the exit-1 line)
 
     @property
     def failures(self) -> int:
@@ -68,6 +69,23 @@ class SweepResult:
     def exit_code(self) -> int:
         # a trial that never ran, or a device stopped early, is a failure too
         return 1 if self.failures or self.not_run or self.stopped else 0
+
+    def failure_reasons(self, defects: bool = True) -> list[str]:
+        """Why ``exit_code`` is 1, as counts; ``defects=False``: not the dropped and lost (a report's own defects)."""
+        n = self.outcomes + self.prior_outcomes
+        said = [(n["error"], "trial(s) ended in error"), (defects and n["dropped"], "dropped cancel(s)"),
+                (defects and n["lost"], "lost trial(s)"), (len(self.not_run), "planned trial(s) not run"),
+                (len(self.stopped), "device(s) stopped early")]
+        return [f"{k} {what}" for k, what in said if k]
+
+
+def _noting_first_error(record, result: SweepResult):
+    """``record`` that also keeps the first ``error`` record's trial id and error in ``result``."""
+    def note(key: str, row: dict) -> None:
+        record(key, row)
+        if row.get("outcome") == "error" and result.first_error is None:
+            result.first_error = f"{row.get('trial_id')}: {row.get('error') or 'no message'}"
+    return note
 
 
 def workload_payload(wl: WorkloadSpec, driver_sees_files: bool = False) -> dict:
@@ -213,7 +231,7 @@ class Sweep:
         sink = sinks.RecordSink(self.out_dir)
         progress = ProgressBars({k: len(by_device.get(k, [])) for k in agents}, self.show_progress)
         stop = self._stop
-        record = Recorder(sink, result, progress, stop, _Stopping)
+        record = _noting_first_error(Recorder(sink, result, progress, stop, _Stopping), result)
 
         timer = CancelTimer() if "driver" in self.config.deliveries else None
         shared = SweepContext(self.config, self.out_dir, sweep_id, inputs, payloads, record, timer)

@@ -13,6 +13,8 @@ import math
 import re
 from dataclasses import replace
 
+from cancelbench.textsafe import term_safe  # noqa: F401 (its one home; re-exported for the renderers)
+
 from . import stats
 from .sections import VERDICT_WORDS, Section, headline, sections
 from .tables import Report
@@ -20,11 +22,6 @@ from .tables import Report
 # ----------------------------------------------------------------- escape --
 # "#", "(", "!" are harmless inside a table cell; escaping "#" would break "&#x27;".
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
-
-
-def term_safe(text: object) -> str:
-    """No control characters (ANSI escapes, newlines) from data reach a terminal."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
 
 
 def md_safe(text: object) -> str:

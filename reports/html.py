@@ -5,7 +5,8 @@ vs candidate ECDFs of every changed cell).
 * Offline: no scripts, no external resources; a Content-Security-Policy
   forbids every fetch, so a stray reference would fail loudly (console error)
   in the browser test instead of silently phoning home.
-* Every string from the data goes through ``html.escape``; plots keep their
+* Every string from the data goes through ``html.escape`` (its control characters
+  escaped first, ``cancelbench.textsafe.term_safe``); plots keep their
   text as SVG text, which matplotlib escapes (see ``plots.py``).
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 import html
 
 import pandas as pd
+
+from cancelbench.textsafe import term_safe
 
 from . import plots, stats
 from .sections import NA, OVER, Section, headline, sections
@@ -45,7 +48,9 @@ figure svg{width:100%}
 
 
 def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    """Data as HTML text: its control characters escaped first (an engine's version may carry ESC,
+    BEL, NUL: not characters an HTML document may hold), then HTML's syntax."""
+    return html.escape(term_safe(text), quote=True)
 
 
 MAX_UNBROKEN = 64  # characters of one word kept on one line in a wrapping column

@@ -159,7 +159,7 @@ def verdict_line(report: Report) -> str:
     word = VERDICT_WORDS[report.verdict]
     said = f"{n_dropped} dropped cancel(s), {n_lost} lost trial(s)" + (
         f", {n_invalid} invalid record(s) (see Defects)" if n_invalid else "")
-    what = [said if len(d) else "no dropped cancels or lost trials",
+    what = [said if len(d) else "no dropped cancels or lost trials", *report.sweep_failures,
             f"{len(report.over)} cell(s) over the bound" if report.over else "every cell within the bound"]
     return f"{word}: {'; '.join(what)} ({bound_text(report.spec)}); exit {report.exit_code}"
 

@@ -24,12 +24,18 @@ def summary_text(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_sweep_reports(out_dir: str | Path) -> str:
-    """Write report.txt and report.html into ``out_dir``; return the summary to print."""
+def write_sweep_reports(out_dir: str | Path, sweep_failures: list[str] | tuple = ()) -> str:
+    """Write report.txt and report.html into ``out_dir``; return the summary to print.
+
+    ``sweep_failures``: what failed the sweep besides the defects its records show (error trials,
+    planned trials not run, devices stopped early; ``runner.SweepResult.failure_reasons``): the
+    verdict and exit code these files and the summary state are the sweep's own, never ``exit 0``
+    for a sweep that exits 1."""
     from .html import to_html
 
     out = Path(out_dir)
     report = build_report([out], with_samples=True)
+    report.sweep_failures = list(sweep_failures)
     write_atomic(out / "report.txt", lambda tmp: tmp.write_text(to_terminal(report), encoding="utf-8"))
     page = to_html(report, report.samples, report.references)
     write_atomic(out / "report.html", lambda tmp: tmp.write_text(page, encoding="utf-8"))

@@ -342,6 +342,10 @@ class Report:
     repeats: list[str] = field(default_factory=list)  # datasets named more than once: "B is A (...): counted once"
     residue: list = field(default_factory=list)  # residue.ResidueCell per cell: the residue split (reports/residue.py)
     bargein: tuple = ([], [])  # barge-in sweeps: (cells, per-phase stops), reports/bargein.py
+    # The sweep's own failures that no record shows as a defect ("2 trial(s) ended in error", "3 planned
+    # trial(s) not run"): set by the sweep for the summary and report files it writes at its end, so their
+    # verdict and exit code are the sweep's (runner.SweepResult.exit_code); empty for `cancelbench report`.
+    sweep_failures: list[str] = field(default_factory=list)
 
     @property
     def over(self) -> list[CellStats]:
@@ -350,12 +354,13 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """1 when dropped or lost trials or invalid records exist (defects), else 0."""
-        return 1 if len(self.defects) else 0
+        """1 when dropped or lost trials or invalid records exist (defects), or the sweep that writes
+        this report failed otherwise (``sweep_failures``), else 0."""
+        return 1 if len(self.defects) or self.sweep_failures else 0
 
     @property
     def verdict(self) -> str:
-        if len(self.defects):
+        if len(self.defects) or self.sweep_failures:
             return "defects"
         return "over_bound" if self.over else "ok"
 

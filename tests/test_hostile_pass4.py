@@ -176,3 +176,75 @@ def test_declaration_from_hello_refuses_non_finite_or_crossed_bounds(bounds):
         Declaration.from_hello(msg)
     text = str(exc.value)
     assert "setting temp" in text and "\n" not in text, text
+
+
+# --------------------------------------------------------------------- 3. terminal-safe error lines
+
+def hostile_sweep(tmp_path: Path, tag: str, mode: str, *extra):
+    return sweep(tmp_path, tag, header(["flag"], ["agent"], trials=1) + workload("w", [PY, HOSTILE, mode]), *extra)
+
+
+def test_an_engines_stderr_before_hello_is_escaped_in_the_error_line(tmp_path):
+    """The pre-flight's error carries the engine's stderr tail: escaped, one line (no Ray yet)."""
+    r, out = hostile_sweep(tmp_path, uuid.uuid4().hex, "stderr_exit")
+    line = one_line_exit_2(r, "exiting before hello", "\\x1b[2J", "\\x07", "\\x00")
+    assert raw_controls(r.stderr) == [], line
+    assert not out.exists()
+
+
+@pytest.mark.cluster
+def test_an_engines_load_error_and_version_are_escaped_in_the_error_line(tmp_path):
+    """The agent's load fails with the engine's text (which names its hostile version): the sweep's
+    one error line (exit 2, nothing written) holds it escaped."""
+    tag = uuid.uuid4().hex
+    r, out = hostile_sweep(tmp_path, tag, "load_error")
+    line = one_line_exit_2(r, "cannot load", "(version 1.0\\x1b[2J\\x1b]0;owned\\x07")
+    assert raw_controls(r.stderr) == [], line
+    assert not out.exists()
+    assert_none_left(tag)
+
+
+@pytest.mark.cluster
+def test_a_stopped_devices_line_is_escaped_one_line_and_has_no_traceback(tmp_path):
+    """Every reference run fails with the engine's text: the device stops (exit 1) and its one
+    `cancelbench: error:` line holds that text escaped, without the traceback the record keeps; the
+    summary, with no cancel record to report, says so instead of a traceback."""
+    tag = uuid.uuid4().hex
+    r, out = hostile_sweep(tmp_path, tag, "run_error")
+    assert r.returncode == 1, r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("cancelbench: error: "), r.stderr[-3000:]
+    assert "none of the 3 reference runs of flag completed" in lines[0] and "run failed \\x1b[2J" in lines[0]
+    assert raw_controls(r.stderr) == [] and raw_controls(r.stdout) == [], lines[0]
+    assert "Traceback" not in r.stderr and 'File "' not in r.stderr, r.stderr[-3000:]
+    assert "no summary: " in r.stdout, r.stdout[-3000:]
+    assert_none_left(tag)
+
+
+# --------------------------------------------------------------------- 4, 5. a crash mid-sweep; Builds
+
+@pytest.mark.cluster
+def test_a_crash_mid_sweep_prints_the_verdict_it_exits_with_and_says_why(tmp_path):
+    """misbehave.py kills itself with SIGILL in its second run (a reference): an `error` record, the
+    engine restarted, the sweep exits 1. The summary's verdict says FAIL, exit 1, and why; stderr says
+    why in one line. Beside it a working engine with a hostile version and build facts: nothing raw reaches
+    the terminal or the report files."""
+    tag = uuid.uuid4().hex
+    text = (header(["flag"], ["agent"], trials=1)
+            + workload("crash", [PY, MISBEHAVE, "sigill", 2], "steps = 3, step_ms = 5")
+            + workload("hostile", [PY, HOSTILE, "serve"]))
+    r, out = sweep(tmp_path, tag, text)
+    assert r.returncode == 1, r.stderr[-3000:]
+    verdict = [line for line in r.stdout.splitlines() if line.startswith(("PASS", "WARN", "FAIL"))]
+    assert len(verdict) == 1, r.stdout[-3000:]
+    assert verdict[0].startswith("FAIL: ") and "1 trial(s) ended in error" in verdict[0], verdict[0]
+    assert "; exit 1 - " in verdict[0] and "exit 0" not in verdict[0], verdict[0]
+    ours = [line for line in r.stderr.splitlines() if line.startswith("cancelbench:")]
+    assert len(ours) == 1 and ours[0].startswith("cancelbench: error: the sweep failed (exit 1): "), r.stderr[-3000:]
+    assert "1 trial(s) ended in error" in ours[0] and "killed by SIGILL" in ours[0], ours[0]
+    assert raw_controls(r.stdout) == [] and raw_controls(r.stderr) == []
+
+    report_txt = (out / "report.txt").read_text()
+    assert "FAIL: " in report_txt and "; exit 1 - " in report_txt  # the file the sweep wrote says the same
+    assert raw_controls((out / "report.html").read_text()) == []
+    assert_none_left(tag)
