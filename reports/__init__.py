@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from .bargein import COLUMNS as BARGEIN_COLUMNS
 from .bargein import bargein_of
-from .legend import BUILD_COLUMNS, attach_builds, builds_of
+from .legend import BUILD_COLUMNS, ENGINE_BUILD_COLUMNS, attach_builds, builds_of
 from .residue import COLUMNS as RESIDUE_COLUMNS
 from .residue import residue_of
 from .load import (DEFECT_OUTCOMES, PLOT_SOURCE_COLUMNS, REFERENCE_COLUMNS, TABLE_COLUMNS, Filters, Scan, frame_of,
@@ -27,7 +27,8 @@ from .tables import (DEFECT_COLUMNS, Report, ReportSpec, aggregate_cells, aggreg
                      device_infos)
 
 # Everything a report derives besides the cells (Ray reads the cells' columns itself).
-SIDE_COLUMNS = list(dict.fromkeys([*DEFECT_COLUMNS, "engine", *TARGETING_COLUMNS, *BUILD_COLUMNS, *BARGEIN_COLUMNS]))
+SIDE_COLUMNS = list(dict.fromkeys([*DEFECT_COLUMNS, "engine", *TARGETING_COLUMNS, *BUILD_COLUMNS, *ENGINE_BUILD_COLUMNS,
+                                   *BARGEIN_COLUMNS]))
 PLOT_COLUMNS = list(dict.fromkeys([*PLOT_SOURCE_COLUMNS, *REFERENCE_COLUMNS]))
 SIDE_COLUMNS += [c for c in RESIDUE_COLUMNS if c not in SIDE_COLUMNS]  # the residue split
 

@@ -43,7 +43,7 @@ from cancelbench.sink import DatasetError
 
 from . import noise, residue, stats
 from .sections import Section, fmt_ms
-from .legend import BUILD_COLUMNS, builds_by_class_of, builds_legend
+from .legend import BUILD_COLUMNS, ENGINE_BUILD_COLUMNS, builds_by_class_of, builds_legend
 from .load import TABLE_COLUMNS, Filters, frame_of, read_once, records_of
 from .settings import CLASS_COLUMNS, SettingsByCell, check_settings, settings_by_cell
 from .settings import COLUMNS as SETTINGS_COLUMNS
@@ -52,7 +52,7 @@ from .tables import (NONE_LABEL, ROW_KEYS, BoundSpec, ReportSpec, _Take, device_
 
 # What diff (and trend) read of each side, in its one scan: the cells, the settings check, the builds legend.
 DIFF_COLUMNS = list(dict.fromkeys([*TABLE_COLUMNS, *SETTINGS_COLUMNS, *CLASS_COLUMNS, *BUILD_COLUMNS,
-                                   *residue.COLUMNS, *noise.COLUMNS]))
+                                   *ENGINE_BUILD_COLUMNS, *residue.COLUMNS, *noise.COLUMNS]))
 SETTINGS_READ = ["workload", "mechanism", "delivery", *CLASS_COLUMNS, *SETTINGS_COLUMNS]
 
 

@@ -225,7 +225,8 @@ def devices_section(report: Report) -> Section:
 def builds_section(devices) -> Section:
     """Build and host facts per device (``DeviceInfo.build``), one row per fact: a narrow table."""
     return Section(
-        "Builds", "what each device's agent loaded and ran on (what a trend groups by)",
+        "Builds", "what each device's agent loaded and ran on (what a trend groups by); an external engine's "
+                  "rows: its own version and build facts (engine NAME: ...), not the agent's llama.cpp",
         ["device", "fact", "value"],
         [[i.device, k, v] for i in devices for k, v in getattr(i, "build", {}).items()], sid="builds")
 

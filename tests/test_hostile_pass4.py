@@ -227,8 +227,8 @@ def test_a_stopped_devices_line_is_escaped_one_line_and_has_no_traceback(tmp_pat
 def test_a_crash_mid_sweep_prints_the_verdict_it_exits_with_and_says_why(tmp_path):
     """misbehave.py kills itself with SIGILL in its second run (a reference): an `error` record, the
     engine restarted, the sweep exits 1. The summary's verdict says FAIL, exit 1, and why; stderr says
-    why in one line. Beside it a working engine with a hostile version and build facts: nothing raw reaches
-    the terminal or the report files."""
+    why in one line. Beside it a working engine with a hostile version and build facts: the report's
+    Builds section shows them escaped, and no llama.cpp build (no built-in engine ran)."""
     tag = uuid.uuid4().hex
     text = (header(["flag"], ["agent"], trials=1)
             + workload("crash", [PY, MISBEHAVE, "sigill", 2], "steps = 3, step_ms = 5")
@@ -246,5 +246,46 @@ def test_a_crash_mid_sweep_prints_the_verdict_it_exits_with_and_says_why(tmp_pat
 
     report_txt = (out / "report.txt").read_text()
     assert "FAIL: " in report_txt and "; exit 1 - " in report_txt  # the file the sweep wrote says the same
+    builds = report_txt.split("== Builds ==", 1)[1]
+    assert re.search(r"engine hostile: version +1\.0\\x1b\[2J\\x1b\]0;owned\\x07\\rX\\x00Y\\x1b\[31mred$", builds,
+                     re.M), builds
+    assert re.search(r"engine hostile: compiler +cc\\x1b\[2J", builds), builds
+    assert re.search(r"engine misbehave: version +1$", builds, re.M), builds
+    assert "llama_cpp_build" not in builds and raw_controls(report_txt) == [], builds
     assert raw_controls((out / "report.html").read_text()) == []
     assert_none_left(tag)
+
+
+def test_builds_show_an_external_engines_own_build_escaped_per_medium(tmp_path):
+    """One device ran an external engine only, another a built-in one: the first's Builds rows are its
+    host facts and the engine's version and build facts (never the agent's llama.cpp build, which its
+    records carry too); the second's are the llama.cpp build. Terminal, Markdown and HTML escape them."""
+    evil = "\x1b[2J\x1b]0;t\x07\r\x00<b>|"
+    rows = cell_rows("ext", [1.0, 2.0, 3.0, 4.0, 5.0], workload="acme", engine="external", engine_name="acme",
+                     engine_version="2.1" + evil, engine_build_json=json.dumps({"compiler": "gcc" + evil}),
+                     llama_cpp_build="b9999-agent", os_release="Debian 12")
+    rows += cell_rows("txt", [1.0, 2.0, 3.0, 4.0, 5.0], host="hostB", workload="text", engine="text",
+                      llama_cpp_build="b1234", os_release="Debian 12")
+    d = write_dataset(tmp_path / "d", rows)
+
+    term = cancelbench("report", d)
+    assert term.returncode == 0, term.stderr
+    builds = term.stdout.split("== Builds ==", 1)[1]
+    a = [line for line in builds.splitlines() if line.startswith("hostA/")]
+    b = [line for line in builds.splitlines() if line.startswith("hostB/")]
+    assert any("engine acme: version" in line and "2.1\\x1b[2J\\x1b]0;t\\x07\\r\\x00<b>|" in line for line in a), a
+    assert any("engine acme: compiler" in line and "gcc\\x1b[2J" in line for line in a), a
+    assert any("os_release" in line for line in a) and not any("llama_cpp_build" in line for line in a), a
+    assert any("llama_cpp_build" in line and "b1234" in line for line in b) and "b9999-agent" not in builds, b
+    assert not any("engine " in line for line in b), b
+    assert raw_controls(term.stdout) == []
+
+    md = cancelbench("report", d, "--format", "markdown")
+    assert md.returncode == 0, md.stderr
+    assert "| engine acme: version | 2.1\\\\x1b\\[2J" in md.stdout and "&lt;b&gt;\\|" in md.stdout, md.stdout[-3000:]
+    assert raw_controls(md.stdout) == [] and "<b>" not in md.stdout
+
+    page = cancelbench("report", d, "--format", "html")
+    assert page.returncode == 0, page.stderr
+    assert "engine acme: version" in page.stdout and "&lt;b&gt;|" in page.stdout
+    assert raw_controls(page.stdout) == [] and "<b>|" not in page.stdout
