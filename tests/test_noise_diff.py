@@ -1,8 +1,10 @@
 """Residue split and noise-aware comparison on real sweeps (issue 26, items 2 and 3).
 
-Three small real sweeps of one build (the text fixture in process, one thread, cancels aimed
-into prefill): two on the host as it is, one beside busy loops (``python3 -c 'while 1: pass'``:
-twice the tasks the idle sweeps found runnable, at least two per CPU this test may use, so
+Real sweeps of one build (the text fixture in process, one thread, cancels aimed into prefill):
+one on the host as it is, of twice the trials, dealt alternately into two datasets (the idle
+pair: whatever else the host starts or stops meanwhile, both sides share it, trial by trial, so
+diff has nothing to flag between them), and one beside busy loops (``python3 -c 'while 1: pass'``:
+twice the tasks the idle sweep found runnable, at least two per CPU this test may use, so
 four on the quiet 2-core CI host) that the test starts, waits on until each has observably run
 on a CPU, and stops. Then the real command: ``cancelbench
 diff`` flags the busy candidate as noisy (and refuses it with --refuse-noisy, exit 3; JUnit and
@@ -26,20 +28,23 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 import pytest
 
 from cancelbench.cli import main as cli_main
+from cancelbench.fileio import write_json_atomic
 from cancelbench.orchestrator.config import load_config
 from cancelbench.orchestrator.runner import run_sweep
 from cancelbench.reports.residue import split
-from cancelbench.sink import read_records
+from cancelbench.sink import MANIFEST, RecordSink, open_dataset, read_manifest, read_records
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="schedstat is Linux's")
 
-CONFIG = """
+TRIALS = 8  # cancel trials a side
+CONFIG = f"""
 [sweep]
 seed = 5
-trials_per_cell = 8
+trials_per_cell = {TRIALS}
 reference_runs = 3
 mechanisms = ["abort_callback"]
 deliveries = ["agent"]
@@ -93,20 +98,57 @@ def busy_loops(n: int):
     assert all(p.returncode == -9 for p in procs)  # they ran until killed: busy the whole sweep
 
 
+def split_alternately(src: Path, sides: tuple[Path, Path]) -> None:
+    """One sweep's dataset as two: its cancel trials dealt alternately by plan position
+    (``trial_index``), so both sides ran through the same host conditions, trial by trial; each
+    side keeps every reference run and its own sweep id (two datasets to the reports)."""
+    table = open_dataset(src).to_table()
+    manifest = read_manifest(src)
+    cancels = sorted(r["trial_index"] for r in table.filter(pc.equal(table["trial_kind"], "cancel"))
+                     .select(["trial_index"]).to_pylist())
+    side_of = {index: k % 2 for k, index in enumerate(cancels)}
+    for k, out in enumerate(sides):
+        sweep_id = f"{manifest['sweep_id']}-{'ab'[k]}"
+        rows = [{**r, "sweep_id": sweep_id} for r in table.to_pylist()
+                if r["trial_kind"] != "cancel" or side_of[r["trial_index"]] == k]
+        sink = RecordSink(out, flush_every=10**9)
+        for r in rows:
+            sink.add(r)
+        sink.close()
+        write_json_atomic(out / MANIFEST, {**manifest, "sweep_id": sweep_id, "planned_trials": len(rows)})
+
+
 @pytest.fixture(scope="module")
 def sweeps(local_ray, tmp_path_factory) -> dict[str, Path]:
+    """idle_a and idle_b: one sweep of twice the trials on the host as it is, split alternately
+    (whatever else starts or stops on the host meanwhile, both sides share it); busy: one
+    sweep beside the busy loops."""
     root = tmp_path_factory.mktemp("noise")
     (root / "sweep.toml").write_text(CONFIG)
-    config = load_config(root / "sweep.toml")
-    out = {}
-    for name in ("idle_a", "idle_b"):
-        run_sweep(config, root / name, progress=False)
-        out[name] = root / name
-    idle = pd.concat([read_records(out[name]) for name in ("idle_a", "idle_b")])
+    (root / "idle.toml").write_text(CONFIG.replace(f"trials_per_cell = {TRIALS}", f"trials_per_cell = {2 * TRIALS}"))
+    run_sweep(load_config(root / "idle.toml"), root / "idle", progress=False)
+    out = {"idle_a": root / "idle_a", "idle_b": root / "idle_b"}
+    split_alternately(root / "idle", (out["idle_a"], out["idle_b"]))
+    idle = read_records(root / "idle")
+    assert (idle.trial_kind == "cancel").sum() == 2 * TRIALS
     with busy_loops(loops_for(float(idle.host_procs_running.median()))):
-        run_sweep(config, root / "busy", progress=False)
+        run_sweep(load_config(root / "sweep.toml"), root / "busy", progress=False)
     out["busy"] = root / "busy"
     return out
+
+
+def test_the_idle_sides_alternate_through_one_sweep(sweeps):
+    """The two idle datasets are the one sweep's trials dealt in turn: as many cancels each, in
+    alternating plan positions, interleaved in time, with every reference run on both."""
+    a, b = (read_records(sweeps[k]) for k in ("idle_a", "idle_b"))
+    ca, cb = (d[d.trial_kind == "cancel"] for d in (a, b))
+    assert len(ca) == len(cb) == TRIALS and not set(ca.trial_id) & set(cb.trial_id)
+    order = pd.concat([ca.assign(side="a"), cb.assign(side="b")]).sort_values("trial_index")
+    assert (order.side.to_numpy()[::2] == "a").all() and (order.side.to_numpy()[1::2] == "b").all()
+    assert ca.t_handback_ns.min() < cb.t_handback_ns.max() and cb.t_handback_ns.min() < ca.t_handback_ns.max()
+    refs = [set(d[d.trial_kind == "reference"].trial_id) for d in (a, b)]
+    assert refs[0] == refs[1] and len(refs[0]) > 0
+    assert {*a.sweep_id} != {*b.sweep_id} and len({*a.sweep_id}) == 1 == len({*b.sweep_id})
 
 
 def _cli(argv: list[str], capsys) -> tuple[int, str, str]:
