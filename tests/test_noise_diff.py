@@ -9,7 +9,7 @@ four on the quiet 2-core CI host) that the test starts, waits on until each has 
 on a CPU, and stops. Then the real command: ``cancelbench
 diff`` flags the busy candidate as noisy (and refuses it with --refuse-noisy, exit 3; JUnit and
 GitHub outputs say so) and the idle pair not; ``trend`` flags its newest (busy) sweep; the
-report shows the split, which adds up per trial.
+report shows the split, checked per trial against the record's own reads and stamps.
 
 What the busy loops change is unmistakable whatever else the host runs: with the runnable
 tasks doubled, the engine thread's CPU-wait share rises by 20 points or more (the threshold is
@@ -35,7 +35,7 @@ from cancelbench.cli import main as cli_main
 from cancelbench.fileio import write_json_atomic
 from cancelbench.orchestrator.config import load_config
 from cancelbench.orchestrator.runner import run_sweep
-from cancelbench.reports.residue import split
+from cancelbench.reports.residue import split_frame
 from cancelbench.sink import MANIFEST, RecordSink, open_dataset, read_manifest, read_records
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="schedstat is Linux's")
@@ -161,22 +161,55 @@ def _cli(argv: list[str], capsys) -> tuple[int, str, str]:
     return rc, got.out, got.err
 
 
+def _raw_cancelled(path: Path) -> pd.DataFrame:
+    """The cancelled trials of a dataset that have the trial thread's reads, by trial id, with the
+    residue from the raw agent-clock stamps (not the derived ``latency_ms``)."""
+    df = read_records(path)
+    c = df[(df.trial_kind == "cancel") & (df.outcome == "cancelled") & df.trial_cpu_ms.notna()].set_index("trial_id")
+    return c.assign(stamped_ms=(c.t_terminal_ns - c.t_received_ns) / 1e6)
+
+
 def test_the_split_adds_up_per_trial_and_the_report_shows_it(sweeps, capsys):
+    """The report's per-trial split (``split_frame``, what its cells summarize) against the record's
+    own measurements: each part within what was measured, none negative, the three adding up to the
+    residue as the agent's stamps give it, and the measurements kept whole where they fit in it."""
+    fits_seen = 0
     for path in sweeps.values():
-        df = read_records(path)
-        cancelled = df[(df.trial_kind == "cancel") & (df.outcome == "cancelled")]
-        assert len(cancelled) > 0 and cancelled.trial_cpu_ms.notna().all(), cancelled.trial_cpu_ms
-        work, wait, rest = split(cancelled.latency_ms, cancelled.trial_cpu_ms, cancelled.trial_cpu_wait_ms)
-        assert np.allclose(work + wait + rest, cancelled.latency_ms, atol=1e-9, rtol=0)
-        assert (work > 0).all() and (wait >= 0).all() and (rest >= 0).all()
-        assert (cancelled.cpu_window_ms > 0).all()
-    busy = read_records(sweeps["busy"])
+        raw = _raw_cancelled(path)
+        everyone = read_records(path)
+        assert len(raw) > 0 and len(raw) == ((everyone.trial_kind == "cancel") & (everyone.outcome == "cancelled")).sum()
+        got = split_frame(open_dataset(path).to_table(), extra=("trial_id",)).set_index("trial_id")
+        assert sorted(got.index) == sorted(raw.index)  # every such trial split, once
+        got = got.loc[raw.index]
+        cpu, wait_raw, wall = raw.trial_cpu_ms, raw.trial_cpu_wait_ms.fillna(0.0), raw.stamped_ms
+        assert (raw.stamped_ms > 0).all() and (raw.cpu_window_ms > 0).all()
+        assert (got.work > 0).all() and (got.wait >= 0).all() and (got.rest >= 0).all()
+        assert (got.work <= cpu + 1e-9).all() and (got.wait <= wait_raw + 1e-9).all()
+        assert np.allclose(got.work + got.wait + got.rest, wall, atol=1e-6, rtol=0)
+        assert np.allclose(got.wall, wall, atol=1e-6, rtol=0)
+        # what fits in the residue is kept whole: the CPU read where it fits (one thread's CPU time
+        # over the residue: nearly always), the wait read where both fit (a loaded host's wait in
+        # progress at the receipt is read whole, and may not)
+        fits = cpu <= wall
+        assert np.allclose(got.work[fits], cpu[fits], atol=1e-9, rtol=0)
+        both = cpu + wait_raw <= wall
+        assert np.allclose(got.wait[both], wait_raw[both], atol=1e-9, rtol=0)
+        fits_seen += int(fits.sum())
+    assert fits_seen > 0  # the uncapped case was checked, not only the caps
+    busy = _raw_cancelled(sweeps["busy"])
     assert (busy.trial_cpu_wait_ms.dropna() > 0).any()  # the loops took the engine thread's CPU at times
     rc, out, _ = _cli(["report", str(sweeps["busy"]), "--format", "json"], capsys)
     cells = json.loads(out)["residue"]
     assert cells and {c["phase"] for c in cells} == {"prefill"}
+    assert sum(c["n"] for c in cells) == len(busy)
     for c in cells:
+        rows = busy[busy.phase_at_receipt == c["phase"]]
+        assert c["n"] == len(rows) and c["wall_max"] == pytest.approx(rows.stamped_ms.max(), abs=1e-6)
         assert c["work_share"] + c["wait_share"] + c["rest_share"] == pytest.approx(1.0)
+        assert min(c["work_share"], c["wait_share"], c["rest_share"]) >= 0
+        # no more engine work or CPU wait than the reads measured, of the summed residue
+        assert c["work_share"] <= rows.trial_cpu_ms.sum() / rows.stamped_ms.sum() + 1e-9
+        assert c["wait_share"] <= rows.trial_cpu_wait_ms.fillna(0.0).sum() / rows.stamped_ms.sum() + 1e-9
     _, text, _ = _cli(["report", str(sweeps["busy"])], capsys)
     assert "== Residue split per phase at receipt ==" in text
 
