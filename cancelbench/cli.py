@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from cancelbench.orchestrator.agents_cmd import add_agents_parser
     add_agents_parser(sub)
-    from cancelbench.sut.check import add_parser as add_sut_check_parser
+    from cancelbench.sut.check_cli import add_parser as add_sut_check_parser
     add_sut_check_parser(sub)
     return parser
 

@@ -198,6 +198,9 @@ def test_a_sweep_judges_each_engine_by_what_the_agent_saw(tmp_path):
         assert all(s in error for s in says) and "\n" not in error, (name, error)
 
     assert df[df.outcome == "completed"].latency_ms.isna().all()  # a completed run has no stop to measure
+    # the protocol says nothing of progress at receipt: unknown (null), not the agent's initial 0
+    assert cancels.t_received_ns.notna().all()
+    assert cancels.tokens_generated_at_receipt.isna().all() and cancels.input_tokens_done_at_receipt.isna().all()
     assert (df.error.dropna().str.count("\n") == 0).all()
     children = re.findall(r"misbehave escapes: child pid (\d+)", " ".join(df.engine_stderr.dropna()))
     assert children, list(df[df.workload == "escapes"].engine_stderr)

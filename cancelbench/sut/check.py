@@ -9,10 +9,9 @@ after it fail with the reason), so the whole run takes seconds on a small model.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 from .client import EngineError, EngineProcess, end_leftovers, group_alive, in_trial
@@ -20,7 +19,7 @@ from .declaration import Declaration, SettingError
 
 EXIT_OK, EXIT_FAILURES, EXIT_INPUT = 0, 1, 2  # the command's exit codes (cancelbench.cli)
 EVENT_TIMEOUT_S = 60.0  # a run that says nothing for this long fails its check (a hung engine)
-MIN_STARTUP_S, MAX_STARTUP_S = 1.0, 600.0  # --startup-timeout, as a workload's startup_timeout_s
+
 
 
 class CheckInputError(ValueError):
@@ -88,19 +87,14 @@ class Checker:
         and the run line are followed by a ping: the round trips answered during the run are the cancel's
         reach (EngineProcess.reach_ns), as in a sweep."""
         proc, run = self.proc, Run(trial, kind=kind)
-        pings: dict[int, int] = {}
 
         def send_cancel() -> None:
-            run.t_cancel_sent = proc.send({"type": "cancel", "trial": trial})
-            ping_id, t = proc.send_ping()
-            pings[ping_id] = t
+            run.t_cancel_sent = proc.send_timed({"type": "cancel", "trial": trial})
 
         if cancel_first:
             send_cancel()
-        t_run = proc.send({"type": "run", "trial": trial, "mechanism": self.mechanism, "input": self._input(),
-                           "settings": self.settings, "output_path": None})
-        ping_id, t = proc.send_ping()
-        pings[ping_id] = t
+        t_run = proc.send_timed({"type": "run", "trial": trial, "mechanism": self.mechanism, "input": self._input(),
+                                 "settings": self.settings, "output_path": None})
         sent_cancel = cancel_first
         last = t_run
         while run.done is None:
@@ -110,9 +104,7 @@ class Checker:
                 raise EngineError(f"the engine said nothing for {EVENT_TIMEOUT_S:g} s during run {trial}") from None
             msg = proc.check(got, f"the done of {trial}").msg
             if msg["type"] == "pong":
-                sent_at = pings.pop(msg["id"], None)
-                if sent_at is not None:
-                    proc.run_rtts.append(got.t_read_ns - sent_at)
+                proc.took_pong(msg, got.t_read_ns)
                 continue
             if msg["type"] not in ("phase", "step", "cancel_seen", "done") or msg.get("trial") != trial:
                 run.problems.append(f"a {msg['type']} message for {msg.get('trial')!r} during run {trial}")
@@ -125,6 +117,7 @@ class Checker:
             if msg["type"] == "done":
                 run.done, run.t_done_read = msg, got.t_read_ns
                 run.reach_ns = proc.reach_ns()
+                proc.end_run()
                 if msg["phase"] not in self.decl.phase_names:
                     run.problems.append(f"done says phase {msg['phase']!r}, which is not declared")
             else:
@@ -337,78 +330,3 @@ def run_checks(command: list[str], *, models: dict, settings: dict, text: str, m
     finally:
         proc.kill()
     return checker.decl, checks
-
-
-def render(decl: Declaration | None, checks: list[Check], fmt: str) -> str:
-    """The verdict; every engine-controlled text (its name, version, errors, stderr) escaped for a terminal."""
-    from cancelbench.reports.format import term_safe
-
-    failed = sum(not c.ok for c in checks)
-    skipped = sum(c.skipped for c in checks)
-    passed = len(checks) - failed - skipped
-    if fmt == "json":  # JSON escapes control characters itself
-        return json.dumps({"engine": None if decl is None else {"name": decl.name, "version": decl.version},
-                           "checks": [asdict(c) for c in checks], "passed": passed, "failed": failed,
-                           "skipped": skipped}, indent=2)
-    lines = [f"{'SKIP' if c.skipped else 'PASS' if c.ok else 'FAIL'} {c.name}: {term_safe(' '.join(c.detail.split()))}"
-             for c in checks]
-    lines.append(f"sut-check: {passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
-    return "\n".join(lines)
-
-
-def parse_setting(text: str) -> tuple[str, object]:
-    """NAME=VALUE; the value read as JSON (5, 0.7, true, "x"), else as a string."""
-    name, sep, raw = text.partition("=")
-    if not sep or not name:
-        raise CheckInputError(f"--setting {text!r}: expected NAME=VALUE")
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = raw
-    return name, value
-
-
-def cmd_sut_check(args) -> int:
-    command = list(args.engine_command)
-    if command and command[0] == "--":
-        command = command[1:]
-    try:
-        if not command:
-            raise CheckInputError("give the engine's command after --, e.g. cancelbench sut-check -- ./my-engine")
-        settings = dict(parse_setting(s) for s in args.setting or [])
-        models = {k: str(os.path.abspath(v)) for k, v in (("model", args.model), ("mmproj", args.mmproj)) if v}
-        for role, path in models.items():
-            if not os.path.isfile(path):
-                raise CheckInputError(f"--{role} {path}: not a file")
-        timeout = args.startup_timeout
-        if not (timeout == timeout and MIN_STARTUP_S <= timeout <= MAX_STARTUP_S):  # NaN, inf, 0, -1
-            raise CheckInputError(f"--startup-timeout must be a number of seconds in [{MIN_STARTUP_S:g}, "
-                                  f"{MAX_STARTUP_S:g}], got {timeout!r}")
-        decl, checks = run_checks(command, models=models, settings=settings, text=args.input,
-                                  mechanism=args.mechanism, startup_timeout_s=args.startup_timeout)
-    except CheckInputError as exc:
-        from cancelbench.reports.format import term_safe
-        print(f"cancelbench sut-check: error: {term_safe(' '.join(str(exc).split()))}", file=os.sys.stderr)
-        return EXIT_INPUT
-    try:
-        print(render(decl, checks, args.format), flush=True)
-    except BrokenPipeError:  # a reader that stopped early (| head): the verdict is the exit status
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-    return EXIT_FAILURES if any(not c.ok for c in checks) else EXIT_OK
-
-
-def add_parser(sub) -> None:
-    import argparse
-
-    p = sub.add_parser("sut-check", help="check that an engine speaks the engine protocol (docs/sut-protocol.md)",
-                       usage="cancelbench sut-check [options] -- COMMAND [ARGS...]")
-    p.add_argument("--model", help="model file the engine loads (sent in load.models.model)")
-    p.add_argument("--mmproj", help="projector file (load.models.mmproj)")
-    p.add_argument("--setting", action="append", metavar="NAME=VALUE", help="a setting (repeatable; JSON value)")
-    p.add_argument("--input", default="The quick brown fox jumps over the lazy dog.",
-                   help="the text of every run (engines that declare input text)")
-    p.add_argument("--mechanism", help="mechanism of every run (default: the first the engine declares)")
-    p.add_argument("--startup-timeout", type=float, default=30.0, help="seconds to wait for the hello")
-    p.add_argument("--format", choices=("text", "json"), default="text")
-    p.add_argument("engine_command", nargs=argparse.REMAINDER, help="-- then the engine's argv")
-    p.set_defaults(func=cmd_sut_check)

@@ -25,15 +25,13 @@ from dataclasses import dataclass
 from cancelbench import native
 
 from .declaration import Declaration
+from .leftovers import MARK_ENV, descendants, end_leftovers, group_alive  # noqa: F401 (group_alive: sut-check)
 from .protocol import ENGINE_TYPES, MAX_LINE_BYTES, ProtocolError, decode, encode
 
 CLOCK_PINGS = 8
 STDERR_KEEP = 8192  # bytes of stderr a record keeps (the last ones)
 SHUTDOWN_GRACE_S, TERM_GRACE_S = 5.0, 2.0
 REACH_PINGS = 64  # round trips of pongs during runs the cancel's reach is taken over (the last ones)
-# Set in every engine's environment, a value per engine process: what the engine starts inherits it, so a
-# process that left the engine's group (its own session) is still found and ended with the engine.
-MARK_ENV = "CANCELBENCH_ENGINE_MARK"
 
 
 class EngineError(RuntimeError):
@@ -97,6 +95,7 @@ class EngineProcess:
         # REACH_PINGS, timed by the trial's reader): how long a line takes to reach it and an answer to come back.
         self.startup_rtts: list[int] = []
         self.run_rtts: collections.deque[int] = collections.deque(maxlen=REACH_PINGS)
+        self._timed: dict[int, int] = {}  # ping id -> sent, of the running trial's send_timed pings
 
     # -- start ---------------------------------------------------------------
     def start(self) -> Declaration:
@@ -169,6 +168,27 @@ class EngineProcess:
                 raise EngineError(f"expected pong {ping_id}, got {got.msg.get('type')!r} "
                                   f"{str(got.msg.get('id', ''))[:40]!r}")
             return got
+
+    def send_timed(self, msg: dict | None = None) -> int:
+        """Write a run's line (``run``, ``cancel``; None: only the ping) and then a ping whose round trip,
+        if it is answered before the run's done, is one of the cancel's reach (:meth:`reach_ns`). Lines are
+        taken in order, so the pong after a cancel left the engine after it took the cancel. The agent's
+        clock just before the line's write."""
+        with self._write_lock:
+            t = None if msg is None else self.send(msg)
+            ping_id, sent = self.send_ping()
+            self._timed[ping_id] = sent
+        return sent if t is None else t
+
+    def took_pong(self, msg: dict, t_read: int) -> None:
+        """A pong read during a run: the round trip of its ping, if :meth:`send_timed` sent it."""
+        sent = self._timed.pop(msg["id"], None)
+        if sent is not None:
+            self.run_rtts.append(t_read - sent)
+
+    def end_run(self) -> None:
+        """The run's done was read: a pong that comes later was not answered during the run."""
+        self._timed.clear()
 
     def reach_ns(self) -> int:
         """How long after the agent writes a cancel the engine's terminal state may still have come before
@@ -352,59 +372,6 @@ def in_trial(clock: ClockCheck, t_engine: int, t_run: int, t_read: int, last: in
     within the clock's uncertainty: the engine does not stamp the clock it answered pings with."""
     t, u = clock.to_agent(t_engine), clock.uncertainty_ns
     return t if t_run - u <= t <= t_read + u and t >= last - u else None
-
-
-def descendants(pid: int) -> list:
-    """The live processes below ``pid`` (psutil.Process), whatever group or session they are in."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def marked(mark: str) -> list:
-    """Live processes (not zombies) whose environment carries this engine's mark: the engine and what it
-    started, also those that left its group and lost their parent. Only processes this user may read."""
-    import psutil
-
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and p.environ().get(MARK_ENV) == mark:
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def end_leftovers(mark: str, strays: list = ()) -> list[str]:
-    """SIGKILL what is left of an engine outside its process group (a child in its own session, a daemon
-    it started): its descendants found before it went and every process carrying its mark. What was left,
-    as 'pid command' (sut-check reports them)."""
-    import psutil
-
-    left = {p.pid: p for p in [*strays, *marked(mark)]}
-    named = []
-    for p in left.values():
-        try:
-            if not p.is_running() or p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            named.append(f"{p.pid} {' '.join(p.cmdline())[:80]}")
-            p.kill()
-        except psutil.Error:
-            continue
-    psutil.wait_procs(list(left.values()), timeout=TERM_GRACE_S)
-    return named
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
 
 
 def declare(command: list[str], *, cwd: str | None = None, env: dict | None = None,

@@ -35,7 +35,7 @@ def reap(pgid: int) -> None:
 def reap_all(pgid: int, mark: str | None) -> None:
     reap(pgid)
     if mark:
-        from cancelbench.sut.client import end_leftovers
+        from cancelbench.sut.leftovers import end_leftovers
         end_leftovers(mark)
 
 

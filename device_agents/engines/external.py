@@ -102,25 +102,17 @@ class ExternalEngine:
         self._ensure_running()
         proc, trial = self.proc, request.trial_id
         sent: list[int] = []
-        # Pings of this run by id -> when sent: one after the run line, one after a forwarded cancel. Lines
-        # are read in order, so the pong after a cancel comes after the engine read the cancel; the round
-        # trips the trial's reader times (_follow) are the cancel's reach (EngineProcess.reach_ns).
-        self._pings: dict[int, int] = {}
 
-        def send_cancel() -> None:
-            sent.append(proc.send({"type": "cancel", "trial": trial}))
-            ping_id, t = proc.send_ping()
-            self._pings[ping_id] = t
+        def send_cancel() -> None:  # a ping follows it: the cancel's reach (EngineProcess.send_timed)
+            sent.append(proc.send_timed({"type": "cancel", "trial": trial}))
 
         if ctl.cpu is not None:
             ctl.cpu.watch(proc.proc.pid)  # the engine's threads are its process's, not the agent's
         if ctl.attach(send_cancel):  # a cancel latched before the run goes first: the engine must latch it
             send_cancel()
         self._sent = sent
-        t_run = proc.send({"type": "run", "trial": trial, "mechanism": request.mechanism, "input": request.input,
-                           "settings": self.settings, "output_path": request.wav_out})
-        ping_id, t = proc.send_ping()
-        self._pings[ping_id] = t
+        t_run = proc.send_timed({"type": "run", "trial": trial, "mechanism": request.mechanism,
+                                 "input": request.input, "settings": self.settings, "output_path": request.wav_out})
         self._trial_kind = request.trial_kind
         try:
             result = self._follow(ctl, trial, t_run)
@@ -133,6 +125,7 @@ class ExternalEngine:
             raise
         finally:
             ctl.attach(None)
+            proc.end_run()
 
     def _follow(self, ctl: CancelControl, trial: str, t_run: int) -> EngineResult:
         """The run's events until its done: progress for the anchors, timestamps checked."""
@@ -157,16 +150,13 @@ class ExternalEngine:
                     raise EngineError(f"the engine answered nothing for {silent_s:.1f} s during trial {trial} "
                                       f"(answer_timeout_s = {proc.answer_timeout_s:g}); killed") from None
                 if silent_s >= LIVENESS_PING_S:
-                    ping_id, t = proc.send_ping()
-                    self._pings[ping_id] = t
+                    proc.send_timed()
                 continue
             msg = proc.check(got, f"the done of trial {trial}").msg
             last_heard = got.t_read_ns
             kind = msg["type"]
             if kind == "pong":
-                sent_at = self._pings.pop(msg["id"], None)
-                if sent_at is not None:  # answered during the run: a round trip of the cancel's path
-                    proc.run_rtts.append(got.t_read_ns - sent_at)
+                proc.took_pong(msg, got.t_read_ns)
                 continue
             if kind not in ("phase", "step", "cancel_seen", "done"):
                 raise EngineError(f"the engine sent a {kind!r} message during trial {trial}")
@@ -234,13 +224,27 @@ class ExternalEngine:
             "t_native_observed_ns": observed,
             "cancel_reach_ns": self.proc.reach_ns() if forwarded is not None else None,
             "engine_counters_json": json.dumps(counters, sort_keys=True) if counters else None,
-            "tokens_generated_at_receipt": None,
         }
         self._columns = {k: v for k, v in self._columns.items() if v is not None or k == "t_native_observed_ns"}
+        # The protocol has no progress at receipt (yet): unknown, never the agent's 0 (laid over its snapshot)
+        self._columns.update(tokens_generated_at_receipt=None, input_tokens_done_at_receipt=None)
+        self._columns.update(self._checked_stamps(msg, got, forwarded, counters))
+        self._columns["abort_polls"] = counters.get("abort_polls")
+        if msg["outcome"] == "error":
+            raise EngineError(f"the engine failed: {' '.join(str(msg.get('error') or 'no message').split())[:1500]}")
+        return EngineResult(
+            outcome=msg["outcome"], t_start_ns=t0, t_terminal_ns=t_end, phase_at_terminal=msg["phase"],
+            decode_rc=counters.get("decode_rc"), output_sha256=msg.get("output_sha256"),
+            phase_durations_ms=durations, phase_segments=timeline, n_input_tokens=counters.get("n_input_tokens"),
+            phase_steps=steps, phase_step_ms={p: ns / 1e6 for p, ns in step_min.items()})
+
+    def _checked_stamps(self, msg: dict, got: Received, forwarded: int | None, counters: dict) -> dict:
+        """The done's own stamps on the agent's clock, each inside what the agent saw of the trial (a cancel
+        read no earlier than the agent wrote it, a native call's return between the run and its done), its
+        phase declared, its counters within their columns; EngineError naming the field otherwise."""
+        clock, columns = self.proc.clock, {}
         if msg["phase"] not in self.declaration.phase_names:
             raise EngineError(f"the engine's done says phase {msg['phase'][:64]!r}, which it did not declare")
-        # Every stamp on the agent's clock, inside what the agent saw of the trial: a cancel read no earlier
-        # than the agent wrote it, a native call's return between the run and its done.
         u, t_run = clock.uncertainty_ns, self._t_run
         received = msg.get("cancel_received_t")
         if received is not None:
@@ -252,27 +256,20 @@ class ExternalEngine:
             if not forwarded - u <= received <= got.t_read_ns + u:
                 raise EngineError(f"done.cancel_received_t {msg['cancel_received_t']} lies outside the time the "
                                   "cancel was in the engine's hands (after the agent wrote it, before the done)")
-            self._columns["t_engine_received_ns"] = received
+            columns["t_engine_received_ns"] = received
         returned = msg.get("native_returned_t")
         if returned is not None:
             returned = clock.to_agent(returned)
             if not t_run - u <= returned <= got.t_read_ns + u:
                 raise EngineError(f"done.native_returned_t {msg['native_returned_t']} lies outside trial "
                                   f"{msg['trial']} on the clock the engine answered pings with")
-            self._columns["t_native_returned_ns"] = returned
+            columns["t_native_returned_ns"] = returned
         for name, width in (("abort_polls", "int64"), ("decode_rc", "int32"), ("n_input_tokens", "int32")):
             value = counters.get(name)
             lo, hi = INT_RANGES[width]
             if value is not None and not lo <= value <= hi:
                 raise EngineError(f"done.counters.{name} = {value} is out of its column's range ({width})")
-        self._columns["abort_polls"] = counters.get("abort_polls")
-        if msg["outcome"] == "error":
-            raise EngineError(f"the engine failed: {' '.join(str(msg.get('error') or 'no message').split())[:1500]}")
-        return EngineResult(
-            outcome=msg["outcome"], t_start_ns=t0, t_terminal_ns=t_end, phase_at_terminal=msg["phase"],
-            decode_rc=counters.get("decode_rc"), output_sha256=msg.get("output_sha256"),
-            phase_durations_ms=durations, phase_segments=timeline, n_input_tokens=counters.get("n_input_tokens"),
-            phase_steps=steps, phase_step_ms={p: ns / 1e6 for p, ns in step_min.items()})
+        return columns
 
     def _bound_source(self) -> str:
         if self.run_timeout_s is not None:
