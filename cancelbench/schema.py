@@ -204,10 +204,10 @@ _FIELDS: list[tuple] = [
      "the engine's stdin (after t_received; for a cancel latched before the run, just before the run message)"),
     ("t_engine_done_read_ns", _I64, "timestamps", "external engines: the agent read the engine's done message"),
     ("cancel_reach_ns", _I64, "timestamps", "how long after the agent forwarded a cancel the engine's terminal "
-     "state may still have come before it (ns, a duration): 0 in process (receipt and terminal decision are "
-     "atomic); external engines: twice the slowest pong of this engine process the agent timed during runs "
-     "(the last 64, this trial's included) or at start-up, a cancel's trip in and the done's trip out "
-     "(docs/sut-protocol.md, \"The outcome rule\")"),
+     "state may still have come before it (ns, a duration). In process null, taken as 0 (receipt and terminal "
+     "decision are atomic); external engines: twice the slowest pong of this engine process the agent timed "
+     "during runs (the last 64, this trial's included; before any, at start-up), a cancel's trip in and the "
+     "done's trip out (docs/sut-protocol.md, \"The outcome rule\")"),
     ("t_native_observed_ns", _I64, "timestamps", "agent: first native reader saw the token (abort mechanisms), else null"),
     ("t_native_returned_ns", _I64, "timestamps", "agent: the native call in flight at receipt returned"),
     ("t_terminal_ns", _I64, "timestamps", "agent: engine reached its terminal state"),

@@ -193,8 +193,8 @@ class EngineProcess:
     def reach_ns(self) -> int:
         """How long after the agent writes a cancel the engine's terminal state may still have come before
         it: twice the slowest round trip this process answered (a cancel's trip in and its done's trip out,
-        each at most a round trip), over its start-up pings and the last REACH_PINGS during runs."""
-        return 2 * max([*self.startup_rtts, *self.run_rtts], default=0)
+        each at most a round trip) over the last REACH_PINGS during runs; before any, its start-up pings."""
+        return 2 * max(self.run_rtts or self.startup_rtts, default=0)
 
     def load(self, models: dict, settings: dict) -> dict:
         """``load``; the effective settings the engine reports (``loaded.settings``)."""
