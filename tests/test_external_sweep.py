@@ -15,7 +15,11 @@ from cancelbench.orchestrator.config import load_config
 from cancelbench.orchestrator.runner import run_sweep
 from cancelbench.sink import read_records
 
-SETTINGS = "prompt_tokens = 48, max_tokens = 4, n_batch = 16"
+# A prefill of three long step calls (128 tokens each, tens of ms on the small fixture): a cancel
+# aimed at prefill, by a fraction of its time (phase plan) or inside a step call (progress plan),
+# lands while a llama_decode runs, so every engine has in-flight aborts for the abort reader to see.
+PROMPT_TOKENS, N_BATCH = 384, 128
+SETTINGS = f"prompt_tokens = {PROMPT_TOKENS}, max_tokens = 4, n_batch = {N_BATCH}"
 
 
 def config_text(plan: str, c_engine: str) -> str:
@@ -34,9 +38,9 @@ min_per_phase = 2
 name = "text-in"
 engine = "text"
 model = "fixture:text-qwen3-14m"
-prompt_tokens = 48
+prompt_tokens = {PROMPT_TOKENS}
 max_tokens = 4
-n_batch = 16
+n_batch = {N_BATCH}
 [[workload]]
 name = "text-out"
 engine = "external"
@@ -80,7 +84,7 @@ def test_python_c_and_in_process_engines_sweep_alike(local_ray, tmp_path, plan, 
         assert (rows.engine == "external").all() and rows.engine_version.notna().all()
         assert (rows.engine_clock == "same").all()  # both stamp CLOCK_MONOTONIC, as the agent does
         settings = json.loads(rows.engine_settings_json.iloc[0])
-        assert (settings["prompt_tokens"], settings["max_tokens"]) == (48, 4)
+        assert (settings["prompt_tokens"], settings["max_tokens"]) == (PROMPT_TOKENS, 4)
         assert json.loads(by["c-text"].engine_build_json.iloc[0])  # its build facts travel on every row
     # Same model, same prompt, greedy: every completed run of the three engines agrees on its output length.
     for w, rows in by.items():
@@ -88,7 +92,7 @@ def test_python_c_and_in_process_engines_sweep_alike(local_ray, tmp_path, plan, 
         assert (refs.outcome == "completed").all() and len(refs) == 6
         assert refs.phase_timeline_json.map(lambda s: [p for p, *_ in json.loads(s)]).map(
             lambda ps: ps[0] == "prefill" and "generate" in ps).all()
-        assert refs.phase_steps_json.map(lambda s: json.loads(s)["prefill"]).eq(3).all()  # 48 tokens / 16
+        assert refs.phase_steps_json.map(lambda s: json.loads(s)["prefill"]).eq(PROMPT_TOKENS // N_BATCH).all()
         cancels = rows[rows.trial_kind == "cancel"]
         assert set(cancels.delivery) == {"driver", "agent"} and set(cancels.target_phase) == {"prefill", "generate"}
         assert cancels.t_anchor_ns.notna().all()  # anchored on the engine's own phase/step events
@@ -101,6 +105,15 @@ def test_python_c_and_in_process_engines_sweep_alike(local_ray, tmp_path, plan, 
             assert (landed.t_engine_received_ns >= landed.t_received_ns).all()
             assert (landed.t_engine_received_ns <= landed.t_terminal_ns).all()
             assert (landed.protocol_hop_ms >= 0).all()
+        # Cancels aimed at the long prefill under the abort reader: received while a step call ran
+        # (the agent's view of the engine), and stopped inside llama_decode by the engine's own reader.
+        aborts = cancels[(cancels.mechanism == "abort_callback") & (cancels.target_phase == "prefill")]
+        assert len(aborts) == 4, aborts[["delivery", "target_phase"]]  # 2 deliveries x 2 aimed at prefill
         aborted = landed[(landed.mechanism == "abort_callback") & landed.native_call_at_receipt.notna()]
-        if len(aborted):  # stopped inside llama_decode by the engine's own abort reader
-            assert (aborted.t_native_observed_ns.notna() & (aborted.abort_polls > 0)).any()
+        assert len(aborted) > 0, cancels[["mechanism", "target_phase", "outcome", "phase_at_receipt",
+                                          "native_call_at_receipt"]]
+        assert (aborted.abort_polls > 0).all()  # the reader was armed and polled in every one
+        seen = aborted[aborted.t_native_observed_ns.notna()]
+        assert len(seen) > 0, aborted[["phase_at_receipt", "native_call_at_receipt", "abort_polls"]]
+        assert (seen.t_received_ns <= seen.t_native_observed_ns).all()
+        assert (seen.t_native_observed_ns <= seen.t_terminal_ns).all()
