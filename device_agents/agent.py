@@ -341,9 +341,10 @@ class DeviceAgent:
             result = self._engine.run(_resolve_input(request), ctl)
         except Exception as exc:  # the record says what failed; the agent stays usable
             from cancelbench.sut.client import EngineError
+            from cancelbench.textsafe import error_line
 
             columns = {"outcome": "error", "t_terminal_ns": native.now_ns(),
-                       "error": one_line(f"{type(exc).__name__}: {exc}")}
+                       "error": error_line(f"{type(exc).__name__}: {exc}")}
             if not isinstance(exc, (EngineInputError, EngineError)):  # the harness failed: where, kept apart
                 columns["error_detail"] = traceback.format_exc(limit=8)[-4000:]
             return columns
@@ -370,13 +371,6 @@ class DeviceAgent:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
-
-
-def one_line(text: str, limit: int = 2000) -> str:
-    """An error column's text: one line, control characters escaped (it reaches terminals and pages)."""
-    from cancelbench.reports.format import term_safe
-
-    return term_safe(" ".join(str(text).split()))[:limit]
 
 
 def _bargein(request: TrialRequest, deliver):

@@ -61,8 +61,8 @@ def cmd_sut_check(args) -> int:
         decl, checks = run_checks(command, models=models, settings=settings, text=args.input,
                                   mechanism=args.mechanism, startup_timeout_s=args.startup_timeout)
     except CheckInputError as exc:
-        from cancelbench.reports.format import term_safe
-        print(f"cancelbench sut-check: error: {term_safe(' '.join(str(exc).split()))}", file=os.sys.stderr)
+        from cancelbench.textsafe import error_line
+        print(f"cancelbench sut-check: error: {error_line(exc)}", file=os.sys.stderr)
         return EXIT_INPUT
     try:
         print(render(decl, checks, args.format), flush=True)

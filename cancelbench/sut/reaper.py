@@ -1,5 +1,5 @@
 """``python -m cancelbench.sut.reaper PGID [MARK]``: kill an engine's process group, and every
-process carrying its mark (``cancelbench.sut.client.MARK_ENV``: what it started in another session),
+process carrying its mark (``cancelbench.sut.leftovers.MARK_ENV``: what it started in another session),
 once the process that started it is gone.
 
 The agent starts one per engine, with a pipe as this process's stdin; it never writes
