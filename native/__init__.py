@@ -70,6 +70,11 @@ SIGNATURES: tuple[tuple[str, type | None, tuple[type, ...]], ...] = (
     ("cb_node_work", ctypes.c_double, (_P,)),
     ("cb_probe_busy", ctypes.c_int, (_P, _I64, _I64, ctypes.POINTER(_I64), ctypes.POINTER(_I64))),
     ("cb_sim_wait", _I64, (_P, _I64, _I64, ctypes.POINTER(_I64), ctypes.POINTER(_I64))),
+    ("cb_word_map", _P, (ctypes.c_int,)),
+    ("cb_word_load", _U64, (_P,)),
+    ("cb_word_store", None, (_P, _U64)),
+    ("cb_token_watch", None, (_P, _P, _U64)),
+    ("cb_token_set_by_word", ctypes.c_int, (_P,)),
 )
 
 
@@ -127,7 +132,7 @@ def _find_library() -> Path:
 
 
 def _load() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(_find_library()))
+    lib = ctypes.CDLL(str(_find_library()), use_errno=True)
     for name, restype, argtypes in SIGNATURES:
         fn = getattr(lib, name)
         fn.restype = restype
@@ -202,6 +207,26 @@ def node_work(tensor: int) -> float:
     return _lib().cb_node_work(tensor)
 
 
+def word_map(fd: int) -> int:
+    """Map the shared cancel word's region of ``fd`` read-only (the engine's side); its address.
+    OSError if ``fd`` is not such a region."""
+    addr = _lib().cb_word_map(fd)
+    if not addr:
+        err = ctypes.get_errno() or 22
+        raise OSError(err, f"fd {fd} is not a shared cancel word region")
+    return addr
+
+
+def word_load(address: int) -> int:
+    """The shared cancel word's value (acquire load; 0 = no cancel)."""
+    return _lib().cb_word_load(address)
+
+
+def word_store(address: int, seq: int) -> None:
+    """Store ``seq`` in the shared cancel word (the agent's side; release store)."""
+    _lib().cb_word_store(address, seq)
+
+
 class CancelToken:
     """One atomic cancel byte plus first-seen time and poll counter, owned natively."""
 
@@ -209,6 +234,18 @@ class CancelToken:
         self._ptr = _lib().cb_token_new()
         if not self._ptr:
             raise MemoryError("cb_token_new failed")
+        self.watching: tuple[int, int] | None = None  # (word address, trial sequence number), see watch
+
+    def watch(self, word: int | None, seq: int | None) -> None:
+        """Count as set once the shared cancel word at ``word`` holds ``seq`` (cb_token_watch);
+        None: stop. Cleared by :meth:`reset`: watch again for each trial."""
+        self.watching = (word, seq) if word and seq else None
+        _lib().cb_token_watch(self._ptr, word or None, seq or 0)
+
+    @property
+    def set_by_word(self) -> bool:
+        """The flag was latched from the watched word (before any :meth:`set`)."""
+        return bool(_lib().cb_token_set_by_word(self._ptr))
 
     @property
     def address(self) -> int:
@@ -221,7 +258,8 @@ class CancelToken:
     def reset(self) -> None:
         """Clear the trial state (flag, stamps, polls, syncs, max range); keep the slice and
         the learned costs. Between trials, never while a native call polls the token, and
-        serialized with :meth:`set` (cancel_token.h, the reset contract)."""
+        serialized with :meth:`set` (cancel_token.h, the reset contract). Clears the watch."""
+        self.watching = None
         _lib().cb_token_reset(self._ptr)
 
     def is_set(self) -> bool:

@@ -18,6 +18,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
+#include <errno.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <x86intrin.h>
 #endif
@@ -40,6 +43,10 @@ struct cb_token {
     _Atomic int64_t seen_cpu_ns; /* the eval reader's thread CPU clock when it stamped seen_ns; 0 = not stamped there */
     _Atomic int seen_where;      /* where the eval reader stamped it: 0 not there, 1 a range's sync, 2 a node's ask */
     _Atomic uint64_t polls;    /* reader calls since the last reset (eval reader: one per node asked) */
+    /* the shared cancel word (cb_token_watch): the token counts as set once *word == word_seq */
+    const _Atomic uint64_t *_Atomic word;
+    _Atomic uint64_t word_seq;
+    _Atomic int set_by_word;   /* the flag was latched from the word, before any cb_token_set */
     /* eval reader (cb_token_eval_reader), see there */
     _Atomic int64_t slice_ns;      /* configuration: target time between syncs; 0 = every node */
     _Atomic uint64_t syncs;        /* node ranges the reader asked to see (each one computed + synchronized) */
@@ -115,6 +122,9 @@ CB_EXPORT void cb_token_free(cb_token *t) {
  * (ns_per_work, key_scale), which cb_token_forget_costs clears. */
 CB_EXPORT void cb_token_reset(cb_token *t) {
     atomic_store_explicit(&t->flag, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->word, NULL, memory_order_relaxed);
+    atomic_store_explicit(&t->word_seq, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->set_by_word, 0, memory_order_relaxed);
     atomic_store_explicit(&t->set_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&t->seen_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&t->seen_cpu_ns, 0, memory_order_relaxed);
@@ -144,8 +154,51 @@ CB_EXPORT int64_t cb_token_set(cb_token *t) {
     return atomic_load_explicit(&t->set_ns, memory_order_relaxed);
 }
 
+/* The shared cancel word (cancel_token.h, ABI 1.1). The agent's store of a trial's
+ * sequence number is read here, by every reader, instead of waiting for a thread to
+ * wake and read the cancel line: one more load per poll while a word is watched. */
+CB_EXPORT const void *cb_word_map(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return NULL;
+    if (st.st_size < CB_WORD_REGION_BYTES) { errno = EINVAL; return NULL; }
+    void *p = mmap(NULL, CB_WORD_REGION_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+CB_EXPORT uint64_t cb_word_load(const void *word) {
+    return atomic_load_explicit((const _Atomic uint64_t *)word, memory_order_acquire);
+}
+
+CB_EXPORT void cb_word_store(void *word, uint64_t seq) {
+    atomic_store_explicit((_Atomic uint64_t *)word, seq, memory_order_release);
+}
+
+CB_EXPORT void cb_token_watch(cb_token *t, const void *word, uint64_t seq) {
+    atomic_store_explicit(&t->word_seq, word ? seq : 0, memory_order_relaxed);
+    atomic_store_explicit(&t->word, (word && seq) ? (const _Atomic uint64_t *)word : NULL, memory_order_release);
+}
+
+CB_EXPORT int cb_token_set_by_word(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->set_by_word, memory_order_relaxed);
+}
+
+/* The flag, or the watched word at the trial's sequence number (then latched into the
+ * flag, as cb_token_set would: the first to store set_ns decides whether the word did). */
+static bool cb_flag(cb_token *t, memory_order order) {
+    if (atomic_load_explicit(&t->flag, order) != 0) return true;
+    const _Atomic uint64_t *w = atomic_load_explicit(&t->word, memory_order_acquire);
+    if (w == NULL) return false;
+    if (atomic_load_explicit(w, memory_order_acquire) != atomic_load_explicit(&t->word_seq, memory_order_relaxed))
+        return false;
+    int64_t zero = 0;
+    if (atomic_compare_exchange_strong(&t->set_ns, &zero, cb_now_ns()))
+        atomic_store_explicit(&t->set_by_word, 1, memory_order_relaxed);
+    atomic_store_explicit(&t->flag, 1, memory_order_release);
+    return true;
+}
+
 CB_EXPORT bool cb_token_is_set(const cb_token *t) {
-    return atomic_load_explicit(&((cb_token *)t)->flag, memory_order_acquire) != 0;
+    return cb_flag((cb_token *)t, memory_order_acquire);
 }
 
 CB_EXPORT int64_t cb_token_set_ns(const cb_token *t) {
@@ -182,7 +235,7 @@ static bool cb_stamp_seen(cb_token *t) {
 CB_EXPORT bool cb_token_reader(void *data) {
     cb_token *t = (cb_token *)data;
     atomic_fetch_add_explicit(&t->polls, 1, memory_order_relaxed);
-    if (atomic_load_explicit(&t->flag, memory_order_relaxed) == 0) {
+    if (!cb_flag(t, memory_order_relaxed)) {
         return false;
     }
     cb_stamp_seen(t);
@@ -549,7 +602,7 @@ CB_EXPORT int64_t cb_token_log_ranges(const cb_token *t, void *out, int64_t max_
 static bool cb_eval_ask(cb_token *t, const void *tensor) {
     atomic_fetch_add_explicit(&t->polls, 1, memory_order_relaxed);
     const uint64_t ticks = cb_ticks();
-    const bool flagged = atomic_load_explicit(&t->flag, memory_order_relaxed) != 0;
+    const bool flagged = cb_flag(t, memory_order_relaxed);
     /* the range bookkeeping before the flag: a cancel seen at the first ask after a graph's
      * unsynced tail must not make that tail, and the caller's work since (building the next
      * graph), one "range" (a 1-node range of 4.2 ms in TTS cancels) */
@@ -683,7 +736,7 @@ static bool cb_eval_seen(cb_token *t) {
     t->range_nodes = 0;
     t->range_work = 0.0;
     t->range_nkeys = 0;
-    if (atomic_load_explicit(&t->flag, memory_order_relaxed) != 0) {
+    if (cb_flag(t, memory_order_relaxed)) {
         cb_stamp_seen_eval(t, 1);
         return false;
     }

@@ -38,7 +38,8 @@
  *   When:  between trials, never while a native call polls the token, and
  *          serialized with cb_token_set by the caller (a set racing a reset
  *          can be lost; cancelbench holds the control's lock across both).
- *   Clears (trial state): the flag, set_ns, seen_ns, seen_cpu_ns, seen_where, polls, syncs,
+ *   Clears (trial state): the flag, the watched word (cb_token_watch), set_by_word,
+ *          set_ns, seen_ns, seen_cpu_ns, seen_where, polls, syncs,
  *          max_range_ns, the debug counters (probes, reprobes, max_range_est_ns,
  *          max_range_cpu_ns), and
  *          the eval reader's current range (its start, nodes, work, and any
@@ -61,7 +62,7 @@
 #include <stdint.h>
 
 #define CANCELBENCH_ABI_VERSION_MAJOR 1
-#define CANCELBENCH_ABI_VERSION_MINOR 0
+#define CANCELBENCH_ABI_VERSION_MINOR 1
 /* major * 1000 + minor: what cb_abi_version() returns from this build */
 #define CANCELBENCH_ABI_VERSION (CANCELBENCH_ABI_VERSION_MAJOR * 1000 + CANCELBENCH_ABI_VERSION_MINOR)
 
@@ -116,7 +117,8 @@ CB_EXPORT void cb_token_reset(cb_token *t);
  * time. Any thread, at any time: this is the cancel path. */
 CB_EXPORT int64_t cb_token_set(cb_token *t);
 
-/* Whether the flag is set (acquire load). Any thread. */
+/* Whether the flag is set (acquire load), or the watched word holds the trial's
+ * sequence number (cb_token_watch; the flag is then latched). Any thread. */
 CB_EXPORT bool cb_token_is_set(const cb_token *t);
 
 /* When cb_token_set first stored the flag (ns); 0 = not set. Any thread. */
@@ -139,6 +141,45 @@ CB_EXPORT int cb_token_seen_where(const cb_token *t);
 /* Abort-reader calls plus graph nodes the eval reader was asked about, since
  * the last reset. Any thread. */
 CB_EXPORT uint64_t cb_token_polls(const cb_token *t);
+
+/* --- the shared cancel word (ABI 1.1) ---------------------------------- */
+
+/* The cancel word is the first 8 bytes (a uint64_t, 8-byte aligned) of a small
+ * shared-memory region (CB_WORD_REGION_BYTES) that the agent creates per engine
+ * process and the engine inherits as a read-only file descriptor, named by the
+ * environment variable CB_WORD_FD_ENV (docs/sut-protocol.md, "The shared cancel
+ * word"). To cancel trial N the agent stores N (the run's cancel_seq, >= 1) in the
+ * word before it writes the cancel line; 0 means no cancel. A trial's token
+ * watches the word for its own sequence number only, so a word left at N never
+ * cancels trial N + 1. */
+#define CB_WORD_FD_ENV "CANCELBENCH_CANCEL_WORD_FD"
+#define CB_WORD_REGION_BYTES 4096
+
+/* Maps the region of fd (the inherited descriptor) read-only and returns the
+ * word's address, or NULL (errno set: not a region of at least
+ * CB_WORD_REGION_BYTES, or mmap failed). The mapping lives until the process
+ * exits. Any thread, once at start-up. */
+CB_EXPORT const void *cb_word_map(int fd);
+
+/* The word's value (an acquire load); 0 = no cancel stored. Any thread. */
+CB_EXPORT uint64_t cb_word_load(const void *word);
+
+/* The agent's side: stores seq in the word (a release store). Any thread. */
+CB_EXPORT void cb_word_store(void *word, uint64_t seq);
+
+/* From now until the next cb_token_reset, the token counts as set once
+ * *word == seq: every reader of the token (cb_token_reader, cb_token_eval_reader,
+ * cb_token_is_set, cb_probe_busy, cb_sim_wait) that finds it so latches the flag
+ * as cb_token_set would (set_ns = that moment, unless cb_token_set came first)
+ * and then behaves as for a set flag. word NULL or seq 0: stop watching.
+ * cb_token_reset clears the watch (a watch is trial state: watch again after
+ * each reset, with the new trial's sequence number). The trial thread, between
+ * graphs, after cb_token_reset. */
+CB_EXPORT void cb_token_watch(cb_token *t, const void *word, uint64_t seq);
+
+/* 1 if the flag was latched from the watched word (a reader found *word == seq
+ * before any cb_token_set), else 0. Cleared by reset. Any thread. */
+CB_EXPORT int cb_token_set_by_word(const cb_token *t);
 
 /* --- readers (called by llama.cpp / ggml, never by Python on a hot path) - */
 
