@@ -46,9 +46,9 @@ from .outcome import (DEFECT_OUTCOMES, OUTCOMES, STOP_COLUMNS, classify_outcome,
 # 2: every setting that shapes a trial is a column; 3: engines declare themselves (engine_* columns, external
 # engines); 4: the cpu group (engine work vs CPU wait); 5: barge-in (schema_bargein); 6: trial_observe_cpu_ms
 # (engine work before the native reader saw the cancel); 7: the outcome from the agent's own facts
-# (cancel_reach_ns, drop_margin_ms, error_detail; no latency on a completed row); readers accept older
-# versions (new columns null)
-SCHEMA_VERSION = 7
+# (cancel_reach_ns, drop_margin_ms, error_detail; no latency on a completed row); 8: the shared cancel word
+# (engine_cancel_path, engine_cancel_via); readers accept older versions (new columns null)
+SCHEMA_VERSION = 8
 
 # Partition columns of the hive-partitioned dataset (values sanitized for paths).
 PARTITION_COLUMNS = ("backend", "host")
@@ -141,6 +141,8 @@ _FIELDS: list[tuple] = [
     ("engine_clock", _STR, "host", "external engines: same (the engine's pongs lay on the agent's clock) | estimated (engine_clock_offset_ns applied to its timestamps)"),
     ("engine_clock_offset_ns", _I64, "host", "external engines: engine clock minus agent clock (0 when same)"),
     ("engine_clock_uncertainty_ns", _I64, "host", "external engines: bound on that conversion (half the fastest ping round trip; 0 when same)"),
+    ("engine_cancel_path", _STR, "settings", "external engines: how the agent handed this trial's cancel over: word (it stored the trial's cancel_seq in the engine's shared cancel word, then wrote the cancel line) | line (the cancel line alone: the engine declares no cancel_word, or the platform has no private region); null in process and for reference runs"),
+    ("engine_cancel_via", _STR, "host", "external engines: how the engine says it first learnt of the cancel it received (done.cancel_via: word | line); the engine's own claim, informative only (the outcome never depends on it)"),
     ("agent_switch_interval_us", _F64, "host", "the agent process's Python switch interval (sys.getswitchinterval), µs: how long a cancel arriving while the engine runs Python may wait for the GIL"),
     ("workload", _STR, "settings", "workload name from the sweep config"),
     ("engine", _STR, "settings", "text | tts | stt | probe | sim (simulated: waits, not compute)"),
@@ -200,8 +202,10 @@ _FIELDS: list[tuple] = [
     ("t_received_ns", _I64, "timestamps", "agent: cancel() entered on the agent"),
     ("t_engine_received_ns", _I64, "timestamps", "external engines: the engine process read the cancel message "
      "(its done.cancel_received_t, converted); the outcome rule uses it"),
-    ("t_cancel_forwarded_ns", _I64, "timestamps", "external engines: the agent began writing the cancel message to "
-     "the engine's stdin (after t_received; for a cancel latched before the run, just before the run message)"),
+    ("t_cancel_forwarded_ns", _I64, "timestamps", "external engines: the agent began handing the cancel to the "
+     "engine: just before it stored the shared cancel word (engine_cancel_path word), else before it wrote the "
+     "cancel message to the engine's stdin (after t_received; for a cancel latched before the run, just before "
+     "the run message)"),
     ("t_engine_done_read_ns", _I64, "timestamps", "external engines: the agent read the engine's done message"),
     ("cancel_reach_ns", _I64, "timestamps", "how long after the agent forwarded a cancel the engine's terminal "
      "state may still have come before it (ns, a duration). In process null, taken as 0 (receipt and terminal "

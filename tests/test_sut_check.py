@@ -32,7 +32,7 @@ def lines(out: str) -> dict[str, str]:
     return got
 
 
-CHECKS = {"hello", "clock", "load", "phases", "steps", "cancel_before_run", "cancel_after_done",
+CHECKS = {"hello", "clock", "load", "phases", "steps", "cancel_before_run", "cancel_word", "cancel_after_done",
           "malformed_input", "shutdown"}
 
 
@@ -49,7 +49,7 @@ def test_the_python_text_engine_passes_every_check(small_model):
     assert r.returncode == 0, r.stdout + r.stderr
     assert CHECKS | {"cancel_in_prefill", "cancel_in_generate"} <= set(got), got
     assert set(got.values()) == {"PASS"}
-    assert "sut-check: 11 passed, 0 failed" in r.stdout
+    assert "sut-check: 12 passed, 0 failed" in r.stdout
 
 
 def test_the_c_engine_passes_every_check(small_model):
@@ -70,6 +70,7 @@ def test_the_defective_engine_fails_the_latch_check():
     got = lines(r.stdout)
     assert r.returncode == 1, r.stdout + r.stderr
     assert got["cancel_before_run"] == "FAIL" and "dropped" in r.stdout
+    assert got["cancel_word"] == "FAIL"  # it declares the shared cancel word (the server does) and never reads it
     assert got["hello"] == got["phases"] == got["shutdown"] == "PASS"  # only its defect fails
 
 

@@ -139,12 +139,15 @@ class BuiltinEngine:
             raise RuntimeError("run before a successful load")
         token = self.token
         token.reset()
+        token.watch(trial.word, trial.cancel_seq)  # the shared cancel word: every reader sees it at its next poll
         progress = Progress(step_calls=self.spec.step_calls, listener=self._listener(trial, token))
         ctl = CancelControl(token, progress)
         self.arm(trial, ctl)
         request = TrialRequest(mechanism=trial.mechanism, input=trial.input, trial_id=trial.id,
                                wav_out=trial.output_path)
         res = self.engine.run(request, ctl)
+        if ctl.received_ns is not None:  # a receipt the token took from the word, before the line was read
+            trial.took_cancel(ctl.received_ns, "word" if ctl.token.set_by_word else "line")
         if token.seen_ns:
             trial.cancel_seen(token.seen_ns)
         counters = {"decode_rc": res.decode_rc, "abort_polls": token.polls, "n_input_tokens": res.n_input_tokens,

@@ -46,6 +46,7 @@ class Run:
     t_cancel_sent: int | None = None  # the checker wrote the cancel
     t_done_read: int | None = None
     reach_ns: int | None = None
+    seq: int | None = None  # its cancel_seq (the shared cancel word)
 
     @property
     def phases(self) -> list[str]:
@@ -82,19 +83,29 @@ class Checker:
     def _input(self) -> str:
         return "" if self.decl.input == "none" else self.text
 
-    def run(self, trial: str, *, cancel_at=None, cancel_first: bool = False, kind: str = "cancel") -> Run:
+    def run(self, trial: str, *, cancel_at=None, cancel_first: bool = False, kind: str = "cancel",
+            word_only: bool = False) -> Run:
         """Run ``trial``; ``cancel_at(event) -> bool`` says at which event to send its cancel. Each cancel
         and the run line are followed by a ping: the round trips answered during the run are the cancel's
-        reach (EngineProcess.reach_ns), as in a sweep."""
+        reach (EngineProcess.reach_ns), as in a sweep. ``word_only``: the cancel is the shared cancel word
+        alone, never the line."""
         proc, run = self.proc, Run(trial, kind=kind)
+        seq = proc.next_seq()  # as a sweep: the shared cancel word first when the engine declares it
+        run.seq = seq
 
         def send_cancel() -> None:
-            run.t_cancel_sent = proc.send_timed({"type": "cancel", "trial": trial})
+            if word_only:
+                run.t_cancel_sent = proc.word.store(seq)
+            else:
+                run.t_cancel_sent = proc.send_cancel(trial, seq)
 
         if cancel_first:
             send_cancel()
-        t_run = proc.send_timed({"type": "run", "trial": trial, "mechanism": self.mechanism, "input": self._input(),
-                                 "settings": self.settings, "output_path": None})
+        msg = {"type": "run", "trial": trial, "mechanism": self.mechanism, "input": self._input(),
+               "settings": self.settings, "output_path": None}
+        if seq is not None:
+            msg["cancel_seq"] = seq
+        t_run = proc.send_timed(msg)
         sent_cancel = cancel_first
         last = t_run
         while run.done is None:
@@ -254,6 +265,36 @@ class Checker:
             out.append(Check("cancel_stops_a_run", False, "no cancel sent during a run stopped it"))
         return out
 
+    def cancel_word(self) -> Check:
+        """An engine that declares cancel_word sees a cancel in the word alone (no line sent), and a word
+        left at that run's number does not cancel the next run."""
+        if not self.decl.can("cancel_word"):
+            return Check("cancel_word", True, "not declared: cancels reach the engine by the line alone", skipped=True)
+        if not self.proc.uses_word:
+            return Check("cancel_word", True, "declared, but this platform has no private shared region here",
+                         skipped=True)
+        trial = self._trial("word")
+        run = self.run(trial, cancel_at=lambda e: e["type"] in ("phase", "step"), word_only=True)
+        d, clock = run.done, self.proc.clock
+        self.proc.send({"type": "cancel", "trial": trial})  # late: after its done, ignored
+        stale = self.run(self._trial("word-next"))  # the word still holds the first run's number
+        problems = run.problems + stale.problems
+        outcome, _ = run.outcome(clock)
+        if outcome == "completed":
+            return Check("cancel_word", True, f"the run completed within the word's reach of "
+                         f"{(run.reach_ns or 0) / 1e6:.2f} ms (too short to aim at from here)", skipped=True)
+        if outcome != "cancelled":
+            problems.append(f"a cancel stored in the shared word alone was not honoured: the run ended "
+                            f"{d['outcome']} {run.done_after_cancel_ms():.1f} ms after the store")
+        elif d.get("cancel_via") != "word":
+            problems.append(f"cancelled with no line sent, but done.cancel_via is {d.get('cancel_via')!r}, not 'word'")
+        if stale.done["outcome"] != "completed":
+            problems.append(f"the next run ended {stale.done['outcome']}: a word left at an earlier run's number "
+                            "cancelled it")
+        seen = "" if outcome != "cancelled" else f"received {(clock.to_agent(d['cancel_received_t']) - run.t_cancel_sent) / 1e6:.2f} ms after the store"
+        return Check("cancel_word", not problems, "; ".join(problems) or
+                     f"stopped by the word alone ({seen}, stopped in {d['phase']}); a stale word did not cancel the next run")
+
     def cancel_after_done(self) -> Check:
         trial = self._trial("after")
         first = self.run(trial)
@@ -301,8 +342,8 @@ class Checker:
         return Check("shutdown", not problems, "; ".join(problems) or "exit status 0, nothing it started is left")
 
 
-STEPS = ("hello", "clock", "load", "reference", "cancel_before_run", "cancel_in_phases", "cancel_after_done",
-         "malformed_input", "shutdown")
+STEPS = ("hello", "clock", "load", "reference", "cancel_before_run", "cancel_in_phases", "cancel_word",
+         "cancel_after_done", "malformed_input", "shutdown")
 
 
 # what a step's checks are called (the others: the step's own name)

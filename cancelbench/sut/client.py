@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from cancelbench import native
 
+from . import cancel_word
+from .clock import ClockCheck, in_trial  # noqa: F401 (in_trial: the engines' callers)
 from .declaration import Declaration
 from .leftovers import MARK_ENV, descendants, end_leftovers, group_alive  # noqa: F401 (group_alive: sut-check)
 from .protocol import ENGINE_TYPES, MAX_LINE_BYTES, ProtocolError, decode, encode
@@ -36,22 +38,6 @@ REACH_PINGS = 64  # round trips of pongs during runs the cancel's reach is taken
 
 class EngineError(RuntimeError):
     """The engine could not be started or broke the protocol; one line says how."""
-
-
-@dataclass(frozen=True)
-class ClockCheck:
-    """How the engine's timestamps relate to the agent's clock."""
-
-    same: bool
-    offset_ns: int  # engine minus agent
-    uncertainty_ns: int
-
-    def to_agent(self, t_ns: int) -> int:
-        return t_ns - self.offset_ns
-
-    def columns(self) -> dict:
-        return {"engine_clock": "same" if self.same else "estimated", "engine_clock_offset_ns": self.offset_ns,
-                "engine_clock_uncertainty_ns": self.uncertainty_ns}
 
 
 @dataclass(frozen=True)
@@ -96,6 +82,8 @@ class EngineProcess:
         self.startup_rtts: list[int] = []
         self.run_rtts: collections.deque[int] = collections.deque(maxlen=REACH_PINGS)
         self._timed: dict[int, int] = {}  # ping id -> sent, of the running trial's send_timed pings
+        self.word: cancel_word.CancelWord | None = None  # this process's shared cancel word (start)
+        self._seq = 0  # the last run's cancel_seq
 
     # -- start ---------------------------------------------------------------
     def start(self) -> Declaration:
@@ -103,14 +91,19 @@ class EngineProcess:
         the process is gone then."""
         if self.cwd is not None and not os.path.isdir(self.cwd):
             raise EngineError(f"cannot start the engine {self.command[0]!r}: its cwd {self.cwd!r} is not a directory")
+        self.word = cancel_word.create()  # offered to every engine; used with one that declares cancel_word
+        word_env = self.word.env() if self.word else {}
         try:
             self.proc = subprocess.Popen(
-                self.command, cwd=self.cwd, env={**os.environ, **self.env, MARK_ENV: self.mark},
+                self.command, cwd=self.cwd, env={**os.environ, **self.env, MARK_ENV: self.mark, **word_env},
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                bufsize=0)
+                bufsize=0, pass_fds=(self.word.engine_fd,) if self.word else ())
         except (OSError, ValueError) as exc:  # ValueError: a NUL in the argv or the environment
+            self._close_word()
             raise EngineError(f"cannot start the engine {self.command[0]!r}: "
                               f"{getattr(exc, 'strerror', None) or exc}") from None
+        if self.word is not None:
+            self.word.engine_started()
         self._start_reaper()
         threading.Thread(target=self._read_stdout, name="engine-stdout", daemon=True).start()
         threading.Thread(target=self._read_stderr, name="engine-stderr", daemon=True).start()
@@ -189,6 +182,33 @@ class EngineProcess:
     def end_run(self) -> None:
         """The run's done was read: a pong that comes later was not answered during the run."""
         self._timed.clear()
+
+    @property
+    def uses_word(self) -> bool:
+        """Cancels go through the shared cancel word (then the line): the engine declared cancel_word."""
+        return self.word is not None and self.declaration is not None and self.declaration.can("cancel_word")
+
+    def next_seq(self) -> int | None:
+        """The next run's cancel_seq (None: the word is not used). Never 0, never reused in this process."""
+        if not self.uses_word:
+            return None
+        self._seq += 1
+        return self._seq
+
+    def send_cancel(self, trial: str, seq: int | None) -> int:
+        """Hand a trial's cancel over: its ``seq`` stored in the shared word first (the engine's readers see
+        it at their next poll), then the ``cancel`` line (its receipt stamp; engines without the word) and
+        the reach ping. The agent's clock just before the first of them."""
+        with self._write_lock:
+            t = self.word.store(seq) if seq is not None and self.word is not None else None
+            t_line = self.send_timed({"type": "cancel", "trial": trial})
+        return t_line if t is None else t
+
+    def _close_word(self) -> None:
+        with self._write_lock:  # never unmapped under a cancel's store
+            if self.word is not None:
+                self.word.close()
+                self.word = None
 
     def reach_ns(self) -> int:
         """How long after the agent writes a cancel the engine's terminal state may still have come before
@@ -348,6 +368,7 @@ class EngineProcess:
             except subprocess.TimeoutExpired:
                 pass
         end_leftovers(self.mark, strays)
+        self._close_word()
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             try:
                 stream.close()
@@ -364,14 +385,6 @@ class EngineProcess:
                 self._reaper.kill()
             self._reaper = None
         return self.proc.poll()
-
-
-def in_trial(clock: ClockCheck, t_engine: int, t_run: int, t_read: int, last: int) -> int | None:
-    """An engine timestamp of a run on the agent's clock, or None when it lies outside the run
-    (before the run was written, after its line was read, or before the run's previous event),
-    within the clock's uncertainty: the engine does not stamp the clock it answered pings with."""
-    t, u = clock.to_agent(t_engine), clock.uncertainty_ns
-    return t if t_run - u <= t <= t_read + u and t >= last - u else None
 
 
 def declare(command: list[str], *, cwd: str | None = None, env: dict | None = None,

@@ -106,6 +106,7 @@ class Declaration:
     clock: str = "CLOCK_MONOTONIC"
     build: tuple[tuple[str, str], ...] = ()
     protocol: int = PROTOCOL_VERSION
+    capabilities: tuple[str, ...] = ()  # protocol capabilities (protocol.CAPABILITIES; others ignored)
 
     # -- views -------------------------------------------------------------
     @property
@@ -119,6 +120,9 @@ class Declaration:
     @property
     def mechanism_names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.mechanisms)
+
+    def can(self, capability: str) -> bool:
+        return capability in self.capabilities
 
     def setting(self, name: str) -> Setting | None:
         return next((s for s in self.settings if s.name == name), None)
@@ -143,7 +147,8 @@ class Declaration:
                 "build": dict(self.build), "clock": self.clock, "input": self.input,
                 "phases": [{"name": p.name, "steps": p.steps} for p in self.phases],
                 "mechanisms": [{"name": m.name, "reaches": m.reaches} for m in self.mechanisms],
-                "settings": [s.to_json() for s in self.settings]}
+                "settings": [s.to_json() for s in self.settings],
+                **({"capabilities": list(self.capabilities)} if self.capabilities else {})}
 
     @classmethod
     def from_hello(cls, msg: dict) -> Declaration:
@@ -173,7 +178,8 @@ class Declaration:
                    phases=tuple(Phase(p["name"], p["steps"]) for p in msg["phases"]),
                    mechanisms=tuple(MechanismInfo(m["name"], m["reaches"]) for m in msg["mechanisms"]),
                    settings=tuple(settings), input=msg["input"], clock=msg["clock"],
-                   build=tuple(sorted(msg.get("build", {}).items())), protocol=msg["protocol"])
+                   build=tuple(sorted(msg.get("build", {}).items())), protocol=msg["protocol"],
+                   capabilities=tuple(dict.fromkeys(msg.get("capabilities") or ())))
 
     def contract(self) -> str:
         """The declaration as canonical JSON: two agents' engines must say the same."""

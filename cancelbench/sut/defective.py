@@ -12,7 +12,9 @@ is entered, so the run has visibly started). Any cancel that arrived before the
 activation finished, latched before the run or read during the activation, is
 ignored: it is stamped as read, so ``done`` carries ``cancel_received_t``, but the
 engine never acts on it and the run completes, which the harness classifies as
-*dropped*. A cancel read after the activation works as in the sim engine.
+*dropped*. A cancel read after the activation works as in the sim engine. It never
+reads the shared cancel word (it declares it, as every engine on cancelbench.sut.server
+does, so sut-check's cancel_word check fails it too).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class DefectiveEngine(BuiltinEngine):
 
     def arm(self, trial: Trial, ctl) -> None:
         self._active = False
+        trial.word = None  # the shared cancel word is never read: only the (lost) line reaches it
+        ctl.token.watch(None, None)
 
         def on_cancel(t_read: int):
             if self._active:

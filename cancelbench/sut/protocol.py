@@ -36,6 +36,10 @@ AGENT_TYPES = ("ping", "load", "run", "cancel", "shutdown")
 TRIAL_EVENTS = ("phase", "step", "cancel_seen", "done")
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+CANCEL_SEQ_MAX = (1 << 53) - 1  # run.cancel_seq: exact in every JSON parser (a double's integers)
+# Capabilities an engine may declare in hello (an unknown one is ignored): "cancel_word", the shared
+# cancel word (docs/sut-protocol.md, "The shared cancel word").
+CAPABILITIES = ("cancel_word",)
 
 
 class ProtocolError(ValueError):
@@ -90,6 +94,7 @@ class Hello(_Object):
     mechanisms: Annotated[list[_MechanismDecl], Meta(min_length=1, max_length=16)]
     build: Annotated[dict[str, Annotated[str, Meta(max_length=1024)]], Meta(max_length=64)] = None
     settings: Annotated[list[_Setting], Meta(max_length=128)] = None
+    capabilities: Annotated[list[Ident], Meta(max_length=16)] = None
 
 
 class Pong(_Object):
@@ -130,6 +135,7 @@ class Done(_Object):
     output_sha256: Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")] = ""
     error: str = ""
     counters: dict[str, Int64] = None
+    cancel_via: Literal["word", "line"] = "line"
 
 
 class Error(_Object):
@@ -153,6 +159,7 @@ class Run(_Object):
     input: str
     settings: dict[str, Value] = None
     output_path: Union[str, None] = None
+    cancel_seq: Annotated[int, Meta(ge=1, le=CANCEL_SEQ_MAX)] = 1
 
 
 class Cancel(_Object):

@@ -72,6 +72,7 @@ import threading
 from collections import OrderedDict
 from typing import Callable, Protocol
 
+from . import cancel_word
 from .declaration import Declaration
 from .trial import Result, Trial, one_line  # noqa: F401 (the engine API: server.Result)
 from .protocol import AGENT_TYPES, MAX_LINE_BYTES, ProtocolError, encode, validate
@@ -152,6 +153,9 @@ class Server:
         self._eof = threading.Event()
         self._run_over = threading.Event()
         self._run_over.set()
+        # The shared cancel word the agent handed over (its address; None: none, or it cannot be mapped):
+        # every Trial with a run.cancel_seq looks at it (Trial.cancelled, sleep, terminal).
+        self.word: int | None = cancel_word.inherited()
 
     # -- output ------------------------------------------------------------
     def write_line(self, line: bytes) -> bool:
@@ -226,8 +230,16 @@ class Server:
             os._exit(0)
 
     # -- the main thread ---------------------------------------------------
+    def hello(self) -> dict:
+        """The declaration as hello, with the capabilities this library implements for every engine."""
+        hello = self.declaration.to_hello()
+        caps = hello.get("capabilities") or []
+        if "cancel_word" not in caps:
+            hello["capabilities"] = [*caps, "cancel_word"]
+        return hello
+
     def serve(self) -> int:
-        self.send(self.declaration.to_hello())
+        self.send(self.hello())
         threading.Thread(target=self._reader, name="sut-stdin", daemon=True).start()
         try:
             while True:

@@ -10,10 +10,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from cancelbench import native
+
 if TYPE_CHECKING:
     from .server import Server
 
 ERROR_MAX = 2000
+WORD_POLL_S = 0.0005  # how often a wait looks at the shared cancel word (no thread wakes for it)
 now_ns = time.monotonic_ns  # the clock the hello declares and the pongs read (CLOCK_MONOTONIC on Linux)
 
 
@@ -56,6 +59,11 @@ class Trial:
         self.mechanism: str = msg["mechanism"]
         self.settings: dict = dict(msg.get("settings") or {})
         self.output_path: str | None = msg.get("output_path")
+        # The shared cancel word (docs/sut-protocol.md): this run's number in it, and its address
+        # when the agent handed one over (server.word); None: cancels come by the line alone.
+        self.cancel_seq: int | None = msg.get("cancel_seq")
+        self.word: int | None = server.word if self.cancel_seq else None
+        self.cancel_via: str | None = None  # word | line: how the receipt came
         self.run_received_ns = t_read
         self._decl = server.declaration
         self._lock = threading.Lock()
@@ -71,8 +79,27 @@ class Trial:
     # -- cancel side -------------------------------------------------------
     @property
     def cancelled(self) -> bool:
-        """A cancel for this trial was read (latched before the run or during it)."""
+        """A cancel for this trial was read (latched before the run or during it), or the shared
+        cancel word holds this run's number (then recorded as the receipt, as a read cancel is)."""
+        return self._event.is_set() or self._word_says()
+
+    def _word_says(self) -> bool:
+        """The word holds this run's cancel_seq: delivered (through on_cancel, as a line is)."""
+        if self.word is None or native.word_load(self.word) != self.cancel_seq:
+            return False
+        self._deliver(now_ns(), "word")
         return self._event.is_set()
+
+    def took_cancel(self, t: int, via: str = "word") -> bool:
+        """The engine's own cancel state took this trial's cancel at ``t`` (its native reader saw the
+        shared word before the line was read): the receipt, unless one is recorded or the trial has
+        reached its terminal decision. on_cancel is not called (the engine has it already)."""
+        with self._lock:
+            if self._closed or self.cancel_received_ns is not None:
+                return False
+            self.cancel_received_ns, self.cancel_via = t, via
+            self._event.set()
+            return True
 
     @property
     def on_cancel(self) -> Callable[[int], object] | None:
@@ -85,29 +112,40 @@ class Trial:
             if hook is not None and self.cancel_received_ns is not None and not self._closed:
                 hook(self.cancel_received_ns)
 
-    def _deliver(self, t_read: int) -> bool:
-        """A cancel read at ``t_read`` (stdin thread). True if recorded."""
+    def _deliver(self, t_read: int, via: str = "line") -> bool:
+        """A cancel read at ``t_read`` (stdin thread), or seen in the shared word (``via``). True if recorded."""
         with self._lock:
             if self._closed or self.cancel_received_ns is not None:
                 return False
             hook = self._on_cancel
             if hook is not None and hook(t_read) is False:
                 return False
-            self.cancel_received_ns = t_read
+            self.cancel_received_ns, self.cancel_via = t_read, via
             self._event.set()
             return True
 
     def wait_cancel(self, timeout: float | None = None) -> bool:
-        """Block until a cancel is read (True) or ``timeout`` s pass (False)."""
-        return self._event.wait(timeout)
+        """Block until a cancel is read or the word holds this run's number (True), or ``timeout`` s
+        pass (False). With a word, the wait looks at it every WORD_POLL_S."""
+        if self.word is None:
+            return self._event.wait(timeout)
+        end = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while not self.cancelled:
+            left = WORD_POLL_S if end is None else min(WORD_POLL_S, end - time.monotonic())
+            if left <= 0:
+                return False
+            self._event.wait(left)
+        return True
 
     def sleep(self, seconds: float) -> bool:
-        """Sleep ``seconds``, returning early (True) if a cancel is read."""
-        return self._event.wait(max(0.0, seconds))
+        """Sleep ``seconds``, returning early (True) if a cancel is read (or seen in the word)."""
+        return self.wait_cancel(max(0.0, seconds))
 
     def terminal(self) -> tuple[bool, int]:
         """The trial's terminal decision, atomic with cancel delivery: (a cancel was
         read before it, its time). Cancels read after it are ignored as late."""
+        if not self._closed:
+            self._word_says()  # a word stored before the decision is a cancel received before it
         with self._lock:
             if not self._closed:
                 self._closed = True
@@ -171,6 +209,7 @@ class Trial:
                "t": t_decided if result.t_terminal_ns is None else int(result.t_terminal_ns), "phase": phase}
         if self.cancel_received_ns is not None:
             msg["cancel_received_t"] = self.cancel_received_ns
+            msg["cancel_via"] = self.cancel_via or "line"
         if result.native_returned_ns is not None:
             msg["native_returned_t"] = int(result.native_returned_ns)
         if result.output_sha256 is not None:

@@ -164,11 +164,18 @@ class CancelControl:
             cpu.at_receipt()
         return True
 
+    def _take_word(self) -> None:
+        """The token set by no :meth:`request`: an engine process's native reader latched it from the
+        shared cancel word (cb_token_watch) before the cancel line was read. Taken as received then."""
+        if not self.requested and self.token.watching is not None and self.token.is_set():
+            self.request(self.token.set_ns)
+
     def close(self) -> tuple[bool, int]:
         """The engine's terminal decision, atomic with :meth:`request`: (whether a cancel
         was received, the terminal time). A cancel received before it is honoured; one
         after it is refused, so no record can say "received before the terminal state"
         of a cancel the engine never had a chance to see (a false *dropped*)."""
+        self._take_word()
         with self._lock:
             self._closed = True
             requested, t_terminal = self.requested, native.now_ns()
@@ -183,13 +190,17 @@ class CancelControl:
         with self._lock:
             if self.token is token:
                 return
+            watching = self.token.watching
             token.reset()
+            if watching is not None:  # the shared cancel word follows the trial to its new token
+                token.watch(*watching)
             if self.requested:
                 token.set()
             self.token = token
 
     def check(self) -> None:
         """Honour a cancel between native calls (every mechanism does this)."""
+        self._take_word()
         if self.requested:
             raise Cancelled
 

@@ -102,17 +102,22 @@ class ExternalEngine:
         self._ensure_running()
         proc, trial = self.proc, request.trial_id
         sent: list[int] = []
+        seq = proc.next_seq()  # the shared cancel word's number for this run (None: the line alone)
 
-        def send_cancel() -> None:  # a ping follows it: the cancel's reach (EngineProcess.send_timed)
-            sent.append(proc.send_timed({"type": "cancel", "trial": trial}))
+        def send_cancel() -> None:  # the word, the line, then a ping: the cancel's reach (EngineProcess.send_timed)
+            sent.append(proc.send_cancel(trial, seq))
 
         if ctl.cpu is not None:
             ctl.cpu.watch(proc.proc.pid)  # the engine's threads are its process's, not the agent's
         if ctl.attach(send_cancel):  # a cancel latched before the run goes first: the engine must latch it
             send_cancel()
         self._sent = sent
-        t_run = proc.send_timed({"type": "run", "trial": trial, "mechanism": request.mechanism,
-                                 "input": request.input, "settings": self.settings, "output_path": request.wav_out})
+        run = {"type": "run", "trial": trial, "mechanism": request.mechanism, "input": request.input,
+               "settings": self.settings, "output_path": request.wav_out}
+        if seq is not None:
+            run["cancel_seq"] = seq
+        t_run = proc.send_timed(run)
+        self._cancel_path = "word" if seq is not None else "line"
         self._trial_kind = request.trial_kind
         try:
             result = self._follow(ctl, trial, t_run)
@@ -224,6 +229,8 @@ class ExternalEngine:
             "t_native_observed_ns": observed,
             "cancel_reach_ns": self.proc.reach_ns() if forwarded is not None else None,
             "engine_counters_json": json.dumps(counters, sort_keys=True) if counters else None,
+            "engine_cancel_path": self._cancel_path if forwarded is not None else None,
+            "engine_cancel_via": msg.get("cancel_via") if msg.get("cancel_received_t") is not None else None,
         }
         self._columns = {k: v for k, v in self._columns.items() if v is not None or k == "t_native_observed_ns"}
         # The protocol has no progress at receipt (yet): unknown, never the agent's 0 (laid over its snapshot)

@@ -29,6 +29,10 @@ session that sleeps; its pid on stderr: ``misbehave escapes: child pid P``),
 hostile_text (a version string and, in the N-th run, a done.error and stderr that
 carry terminal control sequences: ESC, OSC, BEL, CR, NUL).
 
+The shared cancel word (every mode declares cancel_word: cancelbench.sut.server does): no_latch
+and drops_silently never read it (their defects lose the word's cancel too); ignores_word
+never reads it and has no other defect (a cancel line still stops it).
+
 A mode that serves says so on stderr first, with its pid (a
 sweep keeps it in the first record's engine_stderr: a restart shows a new pid).
 """
@@ -49,7 +53,7 @@ from cancelbench.sut.server import Result, Trial, make_server
 MODES = ("exit_at_start", "never_hello", "wrong_version", "not_json", "huge_line", "other_clock", "unknown_trial",
          "two_dones", "close_stdout", "sigill", "silent", "ignores_shutdown", "drops_silently", "no_latch",
          "claims_receipt", "claims_cancel", "bad_stamp", "bad_phase", "big_counter", "nan_setting", "deadlock",
-         "escapes", "hostile_text")
+         "escapes", "hostile_text", "ignores_word")
 
 DECLARATION = Declaration(
     name="misbehave", version="1", input="text",
@@ -121,6 +125,8 @@ class Misbehave:
         mode, nth = self.mode, self.runs == self.n
         other_clock = mode == "other_clock" and nth
         stamp = time.time_ns if other_clock else time.monotonic_ns
+        if mode in ("no_latch", "drops_silently", "ignores_word"):
+            trial.word = None  # the shared cancel word is never read (the defects below lose it too)
         if mode == "no_latch" and trial.cancelled:  # THE DEFECT: a cancel read before the run is forgotten
             trial.cancel_received_ns = None
             trial._event.clear()
