@@ -64,27 +64,7 @@ GRAPHS = {"text_decode": ("text-decode", "generate", "text"), "tts_generate": ("
 TOLERANCE_MS = 1.0
 
 
-def _ran_ns(pid: int) -> int:
-    with open(f"/proc/{pid}/schedstat") as f:
-        return int(f.read().split()[0])
-
-
-@contextmanager
-def busy_loops(n: int):
-    """``n`` busy loops, each waited on until it has run 50 ms on a CPU (not a sleep); killed after."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
-    try:
-        for p in procs:
-            while _ran_ns(p.pid) < 50_000_000:
-                if p.poll() is not None:
-                    raise RuntimeError("a busy loop exited")
-                os.sched_yield()
-        yield [p.pid for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
+busy_loops = harness.busy_loops
 
 
 def largest_nodes(profiles: int) -> dict:

@@ -25,8 +25,10 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "token")  # before any `import ray`: a Ray we start has token auth on
@@ -315,3 +317,27 @@ def print_cells(cells: list[dict], file=sys.stderr) -> None:
     for c in cells:
         print(f"{c['workload']:<22} {c['phase']:<10} {c['mechanism']:<15} {c['delivery']:<8} {c['n']:>4} "
               f"{fmt(c['p50_ms'])} {fmt(c['p99_ms'])} {fmt(c['max_ms'])}", file=file)
+
+
+# -------------------------------------------------------------------- load --
+def _ran_ns(pid: int) -> int:
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+@contextmanager
+def busy_loops(n: int):
+    """``n`` busy loops, each waited on until it has run 50 ms on a CPU (not a sleep); killed after."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
+    try:
+        for p in procs:
+            while _ran_ns(p.pid) < 50_000_000:
+                if p.poll() is not None:
+                    raise RuntimeError("a busy loop exited")
+                os.sched_yield()
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()

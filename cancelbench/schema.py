@@ -141,7 +141,7 @@ _FIELDS: list[tuple] = [
     ("engine_clock", _STR, "host", "external engines: same (the engine's pongs lay on the agent's clock) | estimated (engine_clock_offset_ns applied to its timestamps)"),
     ("engine_clock_offset_ns", _I64, "host", "external engines: engine clock minus agent clock (0 when same)"),
     ("engine_clock_uncertainty_ns", _I64, "host", "external engines: bound on that conversion (half the fastest ping round trip; 0 when same)"),
-    ("engine_cancel_path", _STR, "settings", "external engines: how the agent handed this trial's cancel over: word (it stored the trial's cancel_seq in the engine's shared cancel word, then wrote the cancel line) | line (the cancel line alone: the engine declares no cancel_word, or the platform has no private region); null in process and for reference runs"),
+    ("engine_cancel_path", _STR, "host", "external engines: how the agent handed this trial's cancel over: word (it stored the trial's cancel_seq in the engine's shared cancel word, then wrote the cancel line) | line (the cancel line alone: the engine declares no cancel_word, or the platform has no private region); null in process and for reference runs"),
     ("engine_cancel_via", _STR, "host", "external engines: how the engine says it first learnt of the cancel it received (done.cancel_via: word | line); the engine's own claim, informative only (the outcome never depends on it)"),
     ("agent_switch_interval_us", _F64, "host", "the agent process's Python switch interval (sys.getswitchinterval), µs: how long a cancel arriving while the engine runs Python may wait for the GIL"),
     ("workload", _STR, "settings", "workload name from the sweep config"),

@@ -146,9 +146,11 @@ CB_EXPORT uint64_t cb_token_polls(const cb_token *t);
 
 /* The cancel word is the first 8 bytes (a uint64_t, 8-byte aligned) of a small
  * shared-memory region (CB_WORD_REGION_BYTES) that the agent creates per engine
- * process and the engine inherits as a read-only file descriptor, named by the
- * environment variable CB_WORD_FD_ENV (docs/sut-protocol.md, "The shared cancel
- * word"). To cancel trial N the agent stores N (the run's cancel_seq, >= 1) in the
+ * process and the engine inherits as a file descriptor, named by the environment
+ * variable CB_WORD_FD_ENV (docs/sut-protocol.md, "The shared cancel word"): on
+ * Linux a read-only descriptor of a memfd sealed against future writes; on macOS
+ * (not run in CI) a duplicate of the agent's shm descriptor, which cb_word_map
+ * maps read-only. To cancel trial N the agent stores N (the run's cancel_seq, >= 1) in the
  * word before it writes the cancel line; 0 means no cancel. A trial's token
  * watches the word for its own sequence number only, so a word left at N never
  * cancels trial N + 1. */

@@ -27,7 +27,8 @@ for _spec in ENGINES.values():
     for _s in _spec.declaration.settings:
         assert BUILTIN_SETTINGS.setdefault(_s.name, _s).type == _s.type, _s.name
 # Keys of an external workload (besides the common ones): how to start the engine.
-EXTERNAL_KEYS = ("command", "cwd", "env", "startup_timeout_s", "answer_timeout_s", "run_timeout_s", "settings")
+EXTERNAL_KEYS = ("command", "cwd", "env", "startup_timeout_s", "answer_timeout_s", "run_timeout_s", "cancel_word",
+                 "settings")
 MAX_STARTUP_S, MAX_ANSWER_S, MAX_RUN_S = 600.0, 3600.0, 86400.0
 _COMMON_KEYS = ("name", "engine", "model", "mmproj", "lock", "inputs", "backends", "bargein")
 
@@ -64,6 +65,7 @@ class _WorkloadBase:
             d = {"engine": EXTERNAL, "settings": self.resolved_settings(), "command": list(self.command),
                  "cwd": self.cwd, "env": dict(self.env), "startup_timeout_s": self.startup_timeout_s,
                  "answer_timeout_s": self.answer_timeout_s, "run_timeout_s": self.run_timeout_s,
+                 "cancel_word": self.cancel_word,
                  "contract": self.declaration.contract()}
         if self.spec.needs_model:
             d["model"], d["mmproj"] = self.model, self.mmproj
@@ -92,6 +94,8 @@ def _workload_fields() -> list:
               ("startup_timeout_s", float, field(default=30.0)), ("answer_timeout_s", float, field(default=10.0)),
               # the longest one run may take (None: derived from the engine's completed runs, docs/sut-protocol.md)
               ("run_timeout_s", float | None, field(default=None)),
+              # offer the shared cancel word to an engine that declares it (false: the cancel line alone)
+              ("cancel_word", bool, field(default=True)),
               ("settings", tuple, field(default=())),  # (name, value) pairs, checked against the declaration
               ("declaration", Declaration | None, field(default=None))]  # the external engine's hello
     # Built-in engine settings: None = not given (the engine's declared default applies).
@@ -206,6 +210,10 @@ def _external_keys(raw: dict, where: str) -> dict:
     for key, hi in (("startup_timeout_s", MAX_STARTUP_S), ("answer_timeout_s", MAX_ANSWER_S), ("run_timeout_s", MAX_RUN_S)):
         if key in raw:
             out[key] = check_number(raw[key], f"{where}.{key}", 1.0, hi)
+    if "cancel_word" in raw:
+        if not isinstance(raw["cancel_word"], bool):
+            raise ConfigError(f"{where}.cancel_word must be true or false, got {raw['cancel_word']!r:.60}")
+        out["cancel_word"] = raw["cancel_word"]
     settings = raw.get("settings", {})
     if not isinstance(settings, dict):
         raise ConfigError(f"{where}.settings must be a table of setting = value")

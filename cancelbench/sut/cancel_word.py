@@ -90,7 +90,10 @@ def _memfd() -> CancelWord:
         seals = F_SEAL_SHRINK | F_SEAL_GROW
         try:
             fcntl.fcntl(fd, F_ADD_SEALS, seals | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)
-        except OSError:  # a kernel before 5.1: no future-write seal, the read-only descriptor alone
+        except OSError:
+            # A kernel before 5.1 has no future-write seal: the engine could reopen its descriptor through
+            # /proc read-write and write the word. It would only fool itself: the word carries the agent's
+            # cancel to the engine, and the outcome never depends on it (the agent's own stamps judge).
             fcntl.fcntl(fd, F_ADD_SEALS, seals | F_SEAL_SEAL)
         engine_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
     finally:

@@ -286,14 +286,18 @@ class Checker:
         if outcome != "cancelled":
             problems.append(f"a cancel stored in the shared word alone was not honoured: the run ended "
                             f"{d['outcome']} {run.done_after_cancel_ms():.1f} ms after the store")
+        elif "cancel_received_t" not in d:
+            problems.append("cancelled, but done has no cancel_received_t")
         elif d.get("cancel_via") != "word":
             problems.append(f"cancelled with no line sent, but done.cancel_via is {d.get('cancel_via')!r}, not 'word'")
         if stale.done["outcome"] != "completed":
             problems.append(f"the next run ended {stale.done['outcome']}: a word left at an earlier run's number "
                             "cancelled it")
-        seen = "" if outcome != "cancelled" else f"received {(clock.to_agent(d['cancel_received_t']) - run.t_cancel_sent) / 1e6:.2f} ms after the store"
-        return Check("cancel_word", not problems, "; ".join(problems) or
-                     f"stopped by the word alone ({seen}, stopped in {d['phase']}); a stale word did not cancel the next run")
+        if problems:
+            return Check("cancel_word", False, "; ".join(problems))
+        seen = (clock.to_agent(d["cancel_received_t"]) - run.t_cancel_sent) / 1e6
+        return Check("cancel_word", True, f"stopped by the word alone (received {seen:.2f} ms after the store, "
+                                          f"stopped in {d['phase']}); a stale word did not cancel the next run")
 
     def cancel_after_done(self) -> Check:
         trial = self._trial("after")

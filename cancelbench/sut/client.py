@@ -1,13 +1,14 @@
 """The agent's side of the engine protocol (docs/sut-protocol.md): start an engine
 process, read its hello, check its clock, talk to it, supervise it.
 
-One :class:`EngineProcess` per engine process: the process is the leader of its own
-process group (a new session); a reader thread turns its stdout into validated
-messages on a queue (each stamped with the agent's clock when read), another keeps
-its stderr (bounded); a reaper process (``python -m cancelbench.sut.reaper``) kills
-the group if the agent itself dies without closing it. Used by the agent
-(``device_agents/engines/external.py``), the driver's pre-flight (:func:`declare`)
-and ``cancelbench sut-check``.
+One :class:`EngineProcess` per engine process: the process leads its own process group
+in the agent's session (a session of its own is an autogroup of its own under Linux
+autogroup scheduling: on a loaded host its threads would get a CPU share apart from the
+agent's, which no in-process engine sees); a reader thread turns its stdout into
+validated messages on a queue (each stamped with the agent's clock when read), another
+keeps its stderr (bounded); a reaper process (``python -m cancelbench.sut.reaper``) kills
+the group if the agent dies without closing it. Used by the agent (engines/external.py),
+the driver's pre-flight (:func:`declare`) and ``cancelbench sut-check``.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def describe_exit(rc: int | None) -> str:
 
 class EngineProcess:
     def __init__(self, command: list[str], *, cwd: str | None = None, env: dict | None = None,
-                 startup_timeout_s: float = 30.0, answer_timeout_s: float = 10.0) -> None:
+                 startup_timeout_s: float = 30.0, answer_timeout_s: float = 10.0, cancel_word: bool = True) -> None:
         self.command, self.cwd, self.env = list(command), cwd, dict(env or {})
+        self.offer_word = cancel_word  # False: no shared cancel word (the line alone), as for an engine without one
         self.startup_timeout_s, self.answer_timeout_s = startup_timeout_s, answer_timeout_s
         self.proc: subprocess.Popen | None = None
         self.messages: queue.Queue[Received] = queue.Queue()
@@ -91,18 +93,19 @@ class EngineProcess:
         the process is gone then."""
         if self.cwd is not None and not os.path.isdir(self.cwd):
             raise EngineError(f"cannot start the engine {self.command[0]!r}: its cwd {self.cwd!r} is not a directory")
-        self.word = cancel_word.create()  # offered to every engine; used with one that declares cancel_word
+        # offered to every engine (unless the workload says not); used with one that declares cancel_word
+        self.word = cancel_word.create() if self.offer_word else None
         word_env = self.word.env() if self.word else {}
         try:
             self.proc = subprocess.Popen(
                 self.command, cwd=self.cwd, env={**os.environ, **self.env, MARK_ENV: self.mark, **word_env},
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0,
                 bufsize=0, pass_fds=(self.word.engine_fd,) if self.word else ())
         except (OSError, ValueError) as exc:  # ValueError: a NUL in the argv or the environment
             self._close_word()
             raise EngineError(f"cannot start the engine {self.command[0]!r}: "
                               f"{getattr(exc, 'strerror', None) or exc}") from None
-        if self.word is not None:
+        if self.word is not None:  # the engine holds its copy now
             self.word.engine_started()
         self._start_reaper()
         threading.Thread(target=self._read_stdout, name="engine-stdout", daemon=True).start()
@@ -206,9 +209,9 @@ class EngineProcess:
 
     def _close_word(self) -> None:
         with self._write_lock:  # never unmapped under a cancel's store
-            if self.word is not None:
-                self.word.close()
-                self.word = None
+            word, self.word = self.word, None
+            if word is not None:
+                word.close()
 
     def reach_ns(self) -> int:
         """How long after the agent writes a cancel the engine's terminal state may still have come before
@@ -354,7 +357,7 @@ class EngineProcess:
         """Whatever is left of the engine's process group: SIGTERM, then SIGKILL."""
         if self.proc is None:
             return None
-        pgid = self.proc.pid  # the leader of its own session and group
+        pgid = self.proc.pid  # the leader of its own process group
         strays = descendants(pgid)  # its children that left its group (their own session), before it goes
         for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, TERM_GRACE_S)):
             if self.proc.poll() is not None and not group_alive(pgid):

@@ -54,7 +54,8 @@ class ExternalEngine:
         p = self.payload
         proc = EngineProcess(p["command"], cwd=p.get("cwd"), env=p.get("env"),
                              startup_timeout_s=float(p.get("startup_timeout_s", 30)),
-                             answer_timeout_s=float(p.get("answer_timeout_s", 10)))
+                             answer_timeout_s=float(p.get("answer_timeout_s", 10)),
+                             cancel_word=p.get("cancel_word", True))
         self.proc = proc
         decl = proc.start()
         if p.get("contract") and decl.contract() != p["contract"]:
