@@ -2,9 +2,11 @@
 # Build the C protocol engine (native/sut_text_engine.c) into
 # build/sut/cancelbench-text-engine, linked against the libllama.so (and its
 # ggml libraries) of the installed llama-cpp-python wheel, with an rpath to
-# that directory, and against libcancelbench (its cancel token and abort
-# reader: native/build_libcancelbench.sh, built here first if needed) through
-# pkg-config, with an rpath to build/libcancelbench/lib.
+# that directory, and against libcancelbench (its cancel token, abort and eval
+# readers: native/build_libcancelbench.sh, built here first if needed) through
+# pkg-config, with an rpath to build/libcancelbench/lib. libggml-base is linked
+# directly: graph_eval's calibration builds real (unallocated) ggml tensors
+# (ggml_init, ggml_mul_mat, ggml_flash_attn_ext, ...) for the eval reader.
 #
 #   PYTHON   the interpreter whose llama_cpp package is used (default .venv/bin/python)
 #   CC       the C compiler (default cc)

@@ -16,6 +16,19 @@
  *                   node on CPU); an aborted llama_decode returns 2. The first
  *                   time the reader saw the flag (cb_token_seen_ns) is reported
  *                   as `cancel_seen`, its poll count as `abort_polls`.
+ *   graph_eval      libcancelbench's eval reader (cb_token_eval_reader) as the
+ *                   scheduler's eval callback (cb_eval) of a second llama
+ *                   context, created at the first graph_eval run (cb_eval_user_data
+ *                   is fixed for a context's life). ggml computes each graph in
+ *                   node ranges of about `graph_slice_us` of work, syncs after
+ *                   each, and stops the graph at a range's sync once the flag is
+ *                   set. That stop is silent (llama_decode returns 0 with
+ *                   half-computed outputs), so a decode after which the flag is
+ *                   set counts as stopped and its outputs are never read (the
+ *                   Python text engine's rule, device_agents/engines/text.py).
+ *                   The eval reader is calibrated once per process with real,
+ *                   unallocated ggml tensors (as llama_runtime.calibrate_eval_reader
+ *                   does), so it weighs nodes by their shapes.
  *
  * Threads: a stdin reader thread answers `ping` at once, handles `cancel`
  * (sets the flag of the running trial, latches a cancel for a trial not yet
@@ -214,6 +227,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* guards the fields be
 static bool g_running = false;                             /* a trial is between run and its terminal state */
 static char g_trial[MAX_TRIAL_ID + 1];                     /* the running trial's id */
 static int64_t g_cancel_received_t = 0;                    /* when the cancel of the running trial was read */
+static int64_t g_cancel_cpu_ns = 0;                        /* the trial thread's CPU clock right after that */
 static struct { char id[MAX_TRIAL_ID + 1]; int64_t t; bool used; } g_latched[LATCH_CAP];
 static size_t g_latch_next = 0;
 static char g_done_ids[DONE_CAP][MAX_TRIAL_ID + 1];
@@ -225,6 +239,18 @@ static size_t g_done_next = 0;
  * polls. Set under g_mu, and reset only by trial_begin under g_mu (the token's
  * reset contract: between trials, serialized with every set). */
 static cb_token *g_tok = NULL;
+
+/* The main thread's CPU clock. It calls llama_decode: the graph thread under graph_eval (with
+ * n_threads 1 the only compute thread). A thread's CPU clock is brought up to date when read, also
+ * from another thread of its process; a process's clock, which the agent reads from outside, lags
+ * a thread running on another CPU by up to a scheduler tick. So the stop's work is read here. */
+static clockid_t g_trial_clock;
+
+static int64_t trial_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(g_trial_clock, &ts) != 0) return 0;
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 /* any thread: set the flag (a cancel, a shutdown, end of input) */
 static void token_set(void) {
@@ -246,6 +272,7 @@ static void handle_cancel(const char *trial, int64_t t) {
         if (!g_cancel_received_t) {
             g_cancel_received_t = t;
             cb_token_set(g_tok);
+            g_cancel_cpu_ns = trial_cpu_ns(); /* right after the set, as the agent reads its trial thread */
         }
     } else if (!done_contains(trial)) {
         bool present = false;
@@ -272,6 +299,7 @@ static int64_t trial_begin(const char *trial) {
             g_latched[i].used = false;
             g_cancel_received_t = g_latched[i].t;
             cb_token_set(g_tok);
+            g_cancel_cpu_ns = trial_cpu_ns();
         }
     }
     g_running = true;
@@ -280,11 +308,13 @@ static int64_t trial_begin(const char *trial) {
     return r;
 }
 
-/* main thread: the terminal decision. After it, cancels for the trial are ignored. */
-static void trial_end(int64_t *t_terminal, int64_t *cancel_received_t) {
+/* main thread: the terminal decision. After it, cancels for the trial are ignored. *cpu_after_ns:
+ * the trial thread's CPU time from the receipt to the decision (-1: no receipt). */
+static void trial_end(int64_t *t_terminal, int64_t *cancel_received_t, int64_t *cpu_after_ns) {
     pthread_mutex_lock(&g_mu);
     *t_terminal = now_ns();
     *cancel_received_t = g_cancel_received_t;
+    *cpu_after_ns = g_cancel_received_t ? trial_cpu_ns() - g_cancel_cpu_ns : -1;
     g_running = false;
     snprintf(g_done_ids[g_done_next], sizeof g_done_ids[0], "%s", g_trial);
     g_done_next = (g_done_next + 1) % DONE_CAP;
@@ -438,7 +468,7 @@ typedef struct {
     const char *doc;
 } int_setting;
 
-enum { S_N_THREADS, S_N_CTX, S_N_BATCH, S_PROMPT_TOKENS, S_MAX_TOKENS, S_COUNT };
+enum { S_N_THREADS, S_N_CTX, S_N_BATCH, S_PROMPT_TOKENS, S_MAX_TOKENS, S_GRAPH_SLICE_US, S_COUNT };
 
 static const int_setting SETTINGS[S_COUNT] = {
     [S_N_THREADS] = {"n_threads", 2, 1, 512, "compute threads of llama_decode"},
@@ -446,6 +476,10 @@ static const int_setting SETTINGS[S_COUNT] = {
     [S_N_BATCH] = {"n_batch", 64, 1, 1 << 16, "prefill batch (tokens per llama_decode step)"},
     [S_PROMPT_TOKENS] = {"prompt_tokens", 64, 1, 1 << 20, "prompt length: the input's tokens repeated or trimmed to this"},
     [S_MAX_TOKENS] = {"max_tokens", 8, 1, 1 << 20, "tokens generated greedily (one llama_decode step each)"},
+    /* the built-in engines' setting (cancelbench/engine_decls.py): its default is
+     * cancelbench.native.DEFAULT_GRAPH_SLICE_US, its max MAX_DURATION_US (one hour) */
+    [S_GRAPH_SLICE_US] = {"graph_slice_us", 2000, 0, 3600000000LL,
+                          "graph_eval: eval-reader work per synchronized node range, us (0: every node; default 2000)"},
 };
 
 static long long g_set[S_COUNT];
@@ -454,14 +488,37 @@ static long long g_set[S_COUNT];
 
 static struct llama_model *g_model = NULL;
 static struct llama_context *g_ctx = NULL;
+static struct llama_context *g_ctx_eval = NULL; /* graph_eval's: the eval reader as cb_eval; made at its first run */
 static struct llama_sampler *g_smpl = NULL;
 static const struct llama_vocab *g_vocab = NULL;
 
 static void unload(void) {
     if (g_smpl) llama_sampler_free(g_smpl), g_smpl = NULL;
     if (g_ctx) llama_free(g_ctx), g_ctx = NULL;
+    if (g_ctx_eval) llama_free(g_ctx_eval), g_ctx_eval = NULL;
     if (g_model) llama_model_free(g_model), g_model = NULL;
     g_vocab = NULL;
+}
+
+/* A context for the loaded model. n_ubatch = n_batch: one graph per llama_decode, so a graph_eval
+ * stop ends the call (llama_decode would go on to a next ubatch). hooked: the eval reader is the
+ * scheduler's eval callback on the engine's token (graph_eval). */
+static struct llama_context *new_context(const long long *vals, bool hooked) {
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t)vals[S_N_CTX];
+    cp.n_batch = (uint32_t)vals[S_N_BATCH];
+    cp.n_ubatch = (uint32_t)vals[S_N_BATCH];
+    cp.n_seq_max = 1;
+    cp.n_threads = (int32_t)vals[S_N_THREADS];
+    cp.n_threads_batch = (int32_t)vals[S_N_THREADS];
+    cp.offload_kqv = false;
+    cp.op_offload = false;
+    cp.no_perf = true;
+    if (hooked) {
+        cp.cb_eval = (ggml_backend_sched_eval_callback)cb_token_eval_reader;
+        cp.cb_eval_user_data = g_tok;
+    }
+    return llama_init_from_model(g_model, cp);
 }
 
 static void do_load(const cJSON *m) {
@@ -506,17 +563,7 @@ static void do_load(const cJSON *m) {
         emit_error("load", "llama_model_load_from_file failed for %s", path->valuestring);
         return;
     }
-    struct llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = (uint32_t)vals[S_N_CTX];
-    cp.n_batch = (uint32_t)vals[S_N_BATCH];
-    cp.n_ubatch = (uint32_t)vals[S_N_BATCH];
-    cp.n_seq_max = 1;
-    cp.n_threads = (int32_t)vals[S_N_THREADS];
-    cp.n_threads_batch = (int32_t)vals[S_N_THREADS];
-    cp.offload_kqv = false;
-    cp.op_offload = false;
-    cp.no_perf = true;
-    g_ctx = llama_init_from_model(g_model, cp);
+    g_ctx = new_context(vals, false);
     if (!g_ctx) {
         unload();
         emit_error("load", "llama_init_from_model failed (n_ctx %lld, n_batch %lld)", vals[S_N_CTX], vals[S_N_BATCH]);
@@ -531,6 +578,8 @@ static void do_load(const cJSON *m) {
     g_vocab = llama_model_get_vocab(g_model);
     g_smpl = llama_sampler_init_greedy();
     memcpy(g_set, vals, sizeof vals);
+    /* between trials: the slice, and what the eval reader learned is forgotten (a new model) */
+    cb_token_set_slice_ns(g_tok, (int64_t)vals[S_GRAPH_SLICE_US] * 1000);
     cJSON *o = msg("loaded");
     add_i64(o, "t", now_ns());
     cJSON *eff = cJSON_AddObjectToObject(o, "settings");
@@ -542,7 +591,15 @@ static void do_load(const cJSON *m) {
 
 /* ------------------------------------------------------------------ a trial */
 
-typedef enum { MECH_BETWEEN_CALLS, MECH_ABORT_CALLBACK } mechanism;
+typedef enum { MECH_UNKNOWN = -1, MECH_BETWEEN_CALLS, MECH_ABORT_CALLBACK, MECH_GRAPH_EVAL, MECH_COUNT } mechanism;
+
+static const char *MECH_NAMES[MECH_COUNT] = {"between_calls", "abort_callback", "graph_eval"};
+
+static mechanism mechanism_of(const char *name) {
+    for (int i = 0; i < MECH_COUNT; i++)
+        if (strcmp(name, MECH_NAMES[i]) == 0) return (mechanism)i;
+    return MECH_UNKNOWN;
+}
 
 static const char *PHASE_PREFILL = "prefill", *PHASE_GENERATE = "generate";
 
@@ -566,6 +623,7 @@ static void emit_step(const char *trial, const char *phase, const char *edge, in
 typedef struct {
     const char *trial;
     mechanism mech;
+    struct llama_context *ctx; /* g_ctx; g_ctx_eval under graph_eval */
     const char *phase;
     bool seen_sent;
     int64_t native_returned_t;
@@ -573,14 +631,18 @@ typedef struct {
     int64_t decode_calls;
 } run_state;
 
-/* One step: llama_decode of `n` tokens, framed by step events. Returns llama_decode's status. */
-static int32_t step_decode(run_state *rs, llama_token *toks, int32_t n) {
+/* One step: llama_decode of `n` tokens, framed by step events; its status in rs->last_rc.
+ * Returns whether a native reader stopped it: abort_callback's aborted decode returns 2;
+ * graph_eval's stopped graph returns 0 (silent), so a decode after which the flag is set
+ * counts as stopped whatever it returned, and its outputs are never read (text.py's rule). */
+static bool step_decode(run_state *rs, llama_token *toks, int32_t n) {
     int64_t t0 = now_ns();
     emit_step(rs->trial, rs->phase, "start", t0);
-    int32_t rc = llama_decode(g_ctx, llama_batch_get_one(toks, n));
+    int32_t rc = llama_decode(rs->ctx, llama_batch_get_one(toks, n));
     int64_t t1 = now_ns();
     rs->last_rc = rc;
     rs->decode_calls++;
+    bool stopped = (rs->mech == MECH_GRAPH_EVAL || rc == 2) && cb_token_is_set(g_tok);
     if (!rs->native_returned_t) {
         int64_t rcv = cancel_received_now();
         /* the call in flight when the cancel was read, or the call the cancel stopped */
@@ -595,7 +657,29 @@ static int32_t step_decode(run_state *rs, llama_token *toks, int32_t n) {
         emit(o);
     }
     emit_step(rs->trial, rs->phase, "end", t1);
-    return rc;
+    return stopped;
+}
+
+/* The trial's counters: the record's abort_polls / decode_rc / n_input_tokens columns, and under
+ * graph_eval the eval reader's own counts (cancel_token.h), which the protocol has no field for:
+ * where it first saw the flag (0 not the eval reader, 1 at a range's sync, 2 at a node's ask), the
+ * ranges synced, the longest range in wall and in the graph thread's CPU time (at slice 0 one node:
+ * the largest node's cost, the calibration of graph_eval's bound). */
+static void add_counters(cJSON *o, const run_state *rs, int64_t n_gen, int64_t n_prompt, int64_t cpu_after_ns) {
+    cJSON *counters = cJSON_AddObjectToObject(o, "counters");
+    add_i64(counters, "tokens_generated", n_gen);
+    add_i64(counters, "n_input_tokens", n_prompt);
+    add_i64(counters, "decode_rc", rs->last_rc);
+    add_i64(counters, "abort_polls", (int64_t)cb_token_polls(g_tok)); /* graph_eval: nodes asked */
+    add_i64(counters, "decode_calls", rs->decode_calls);
+    if (rs->mech == MECH_GRAPH_EVAL) {
+        add_i64(counters, "eval_syncs", (int64_t)cb_token_syncs(g_tok));
+        add_i64(counters, "eval_seen_where", cb_token_seen_where(g_tok));
+        add_i64(counters, "eval_max_range_ns", cb_token_max_range_ns(g_tok));
+        add_i64(counters, "eval_max_range_cpu_ns", cb_token_max_range_cpu_ns(g_tok));
+    }
+    /* the stop's engine work: the trial thread's CPU from the cancel's receipt to the terminal decision */
+    if (cpu_after_ns >= 0) add_i64(counters, "trial_cpu_after_receipt_ns", cpu_after_ns);
 }
 
 static void do_run(const cJSON *m) {
@@ -603,7 +687,7 @@ static void do_run(const cJSON *m) {
     const char *mech_name = cJSON_GetObjectItemCaseSensitive(m, "mechanism")->valuestring;
     const char *input = cJSON_GetObjectItemCaseSensitive(m, "input")->valuestring;
 
-    run_state rs = {.trial = trial, .phase = PHASE_PREFILL};
+    run_state rs = {.trial = trial, .mech = mechanism_of(mech_name), .phase = PHASE_PREFILL};
     const char *err = NULL;
     char errbuf[512];
     bool cancelled = false;
@@ -612,13 +696,9 @@ static void do_run(const cJSON *m) {
 
     int64_t latched = trial_begin(trial);
     emit_phase(trial, PHASE_PREFILL);
-    if (strcmp(mech_name, "between_calls") == 0)
-        rs.mech = MECH_BETWEEN_CALLS;
-    else if (strcmp(mech_name, "abort_callback") == 0)
-        rs.mech = MECH_ABORT_CALLBACK;
-    else {
-        snprintf(errbuf, sizeof errbuf, "unknown mechanism '%.64s' (declared: between_calls, abort_callback)",
-                 mech_name);
+    if (rs.mech == MECH_UNKNOWN) {
+        snprintf(errbuf, sizeof errbuf,
+                 "unknown mechanism '%.64s' (declared: between_calls, abort_callback, graph_eval)", mech_name);
         err = errbuf;
         goto finish;
     }
@@ -630,6 +710,11 @@ static void do_run(const cJSON *m) {
         err = "run before a successful load";
         goto finish;
     }
+    if (rs.mech == MECH_GRAPH_EVAL && !g_ctx_eval && !(g_ctx_eval = new_context(g_set, true))) {
+        err = "llama_init_from_model failed for graph_eval's context";
+        goto finish;
+    }
+    rs.ctx = rs.mech == MECH_GRAPH_EVAL ? g_ctx_eval : g_ctx;
 
     /* the prompt: BOS (if the model adds one) + the input's tokens, repeated or trimmed */
     const int64_t want = g_set[S_PROMPT_TOKENS];
@@ -656,9 +741,10 @@ static void do_run(const cJSON *m) {
         prompt[n_prompt++] = llama_vocab_bos(g_vocab);
     for (int64_t i = 0; n_prompt < want; i++) prompt[n_prompt++] = content[i % nc];
 
-    llama_memory_clear(llama_get_memory(g_ctx), true);
+    /* a stopped decode's positions stay in the KV cache until here: the next run clears them */
+    llama_memory_clear(llama_get_memory(rs.ctx), true);
     llama_sampler_reset(g_smpl);
-    llama_set_abort_callback(g_ctx, rs.mech == MECH_ABORT_CALLBACK ? cb_token_reader : NULL,
+    llama_set_abort_callback(rs.ctx, rs.mech == MECH_ABORT_CALLBACK ? cb_token_reader : NULL,
                              rs.mech == MECH_ABORT_CALLBACK ? (void *)g_tok : NULL);
 
     /* prefill: n_batch tokens per llama_decode */
@@ -668,13 +754,12 @@ static void do_run(const cJSON *m) {
             goto finish;
         }
         int32_t n = (int32_t)(n_prompt - pos < g_set[S_N_BATCH] ? n_prompt - pos : g_set[S_N_BATCH]);
-        int32_t rc = step_decode(&rs, prompt + pos, n);
-        if (rc == 2 && cb_token_is_set(g_tok)) {
+        if (step_decode(&rs, prompt + pos, n)) {
             cancelled = true;
             goto finish;
         }
-        if (rc != 0) {
-            snprintf(errbuf, sizeof errbuf, "llama_decode returned %d in prefill", rc);
+        if (rs.last_rc != 0) {
+            snprintf(errbuf, sizeof errbuf, "llama_decode returned %d in prefill", rs.last_rc);
             err = errbuf;
             goto finish;
         }
@@ -689,24 +774,23 @@ static void do_run(const cJSON *m) {
             cancelled = true;
             goto finish;
         }
-        llama_token tok = llama_sampler_sample(g_smpl, g_ctx, -1);
+        llama_token tok = llama_sampler_sample(g_smpl, rs.ctx, -1);
         out[n_gen++] = tok;
-        int32_t rc = step_decode(&rs, &tok, 1);
-        if (rc == 2 && cb_token_is_set(g_tok)) {
+        if (step_decode(&rs, &tok, 1)) {
             cancelled = true;
             goto finish;
         }
-        if (rc != 0) {
-            snprintf(errbuf, sizeof errbuf, "llama_decode returned %d in generate", rc);
+        if (rs.last_rc != 0) {
+            snprintf(errbuf, sizeof errbuf, "llama_decode returned %d in generate", rs.last_rc);
             err = errbuf;
             goto finish;
         }
     }
 
 finish:;
-    if (g_ctx) llama_set_abort_callback(g_ctx, NULL, NULL);
-    int64_t t_terminal, rcv;
-    trial_end(&t_terminal, &rcv);
+    if (rs.ctx) llama_set_abort_callback(rs.ctx, NULL, NULL);
+    int64_t t_terminal, rcv, cpu_after_ns;
+    trial_end(&t_terminal, &rcv, &cpu_after_ns);
     /* a cancel read before the terminal decision is never dropped */
     if (!err && rcv) cancelled = true;
     cJSON *o = msg("done");
@@ -729,16 +813,55 @@ finish:;
         sha256_hex(&sc, hex);
         cJSON_AddStringToObject(o, "output_sha256", hex);
     }
-    cJSON *counters = cJSON_AddObjectToObject(o, "counters");
-    add_i64(counters, "tokens_generated", n_gen);
-    add_i64(counters, "n_input_tokens", n_prompt);
-    add_i64(counters, "decode_rc", rs.last_rc);
-    add_i64(counters, "abort_polls", (int64_t)cb_token_polls(g_tok));
-    add_i64(counters, "decode_calls", rs.decode_calls);
+    add_counters(o, &rs, n_gen, n_prompt, cpu_after_ns);
     emit(o);
     free(prompt);
     free(content);
     free(out);
+}
+
+/* ------------------------------------------------------------------ eval reader calibration */
+
+static bool g_eval_calibrated = false;
+
+/* Shows the eval reader real, unallocated tensors of the loaded ggml (none is computed), so it
+ * finds ne[], op, flags and src[] in this ggml's struct ggml_tensor and weighs graph nodes by
+ * their shapes: a [k, m] input times [k, n] (mul_mat, then in a graph), a flash attention, and
+ * the view ops that move no data. The same tensors as llama_runtime.calibrate_eval_reader.
+ * Returns whether every step checked; if not, nodes weigh 1 (ranges sized by count). Once, in
+ * main, after the backends are loaded and before any graph runs. */
+static bool calibrate_eval_reader(void) {
+    struct ggml_init_params ip = {(1 << 16) + ggml_graph_overhead_custom(16, false), NULL, true};
+    struct ggml_context *ctx = ggml_init(ip);
+    if (!ctx) return false;
+    const int64_t k = 48, m = 80, n = 7;
+    struct ggml_tensor *a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, m);
+    struct ggml_tensor *b = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, n);
+    struct ggml_tensor *mm = ggml_mul_mat(ctx, a, b);
+    ggml_set_input(a);
+    ggml_set_output(mm);
+    bool ok = cb_eval_calibrate(a, b, mm, k, m, n);
+    if (ok) { /* outside a graph a node is not computed (its dispatch alone); in one, its m*n*k */
+        double before = cb_node_work(mm);
+        ggml_build_forward_expand(ggml_new_graph_custom(ctx, 16, false), mm);
+        ok = before <= 1024 && 1024 < m * n * k && m * n * k < cb_node_work(mm);
+    }
+    if (ok) { /* head dim 64, 8 query tokens, 32 kv, 2 heads, F16 */
+        struct ggml_tensor *q = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, 64, 8, 2);
+        struct ggml_tensor *kt = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, 64, 32, 2);
+        struct ggml_tensor *vt = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, 64, 32, 2);
+        ok = cb_eval_calibrate_flash_attn(q, kt, ggml_flash_attn_ext(ctx, q, kt, vt, NULL, 0.125f, 0.0f, 0.0f));
+    }
+    struct ggml_tensor *views[4] = {NULL};
+    if (ok) {
+        views[0] = ggml_reshape_1d(ctx, a, k * m);
+        views[1] = ggml_view_1d(ctx, a, k, 0);
+        views[2] = ggml_permute(ctx, a, 1, 0, 2, 3);
+        views[3] = ggml_transpose(ctx, a);
+    }
+    for (int i = 0; ok && i < 4; i++) ok = cb_eval_calibrate_no_op(a, views[i]);
+    ggml_free(ctx);
+    return ok;
 }
 
 /* ------------------------------------------------------------------ hello */
@@ -775,6 +898,7 @@ static void emit_hello(void) {
     cJSON_AddStringToObject(build, "compiler", "unknown");
 #endif
     cJSON_AddStringToObject(build, "cjson", cJSON_Version());
+    cJSON_AddStringToObject(build, "eval_reader_calibrated", g_eval_calibrated ? "yes" : "no");
 
     cJSON_AddStringToObject(o, "clock", "CLOCK_MONOTONIC");
     cJSON_AddStringToObject(o, "input", "text");
@@ -797,6 +921,13 @@ static void emit_hello(void) {
                             "inside llama_decode on CPU: the engine's abort reader (llama_set_abort_callback) "
                             "reads the flag after every graph node");
     cJSON_AddItemToArray(mechs, ma);
+    cJSON *mg = cJSON_CreateObject();
+    cJSON_AddStringToObject(mg, "name", "graph_eval");
+    cJSON_AddStringToObject(mg, "reaches",
+                            "inside llama_decode's graph (CPU here): the eval reader as ggml's scheduler eval "
+                            "callback syncs node ranges of about graph_slice_us and stops the graph at the next "
+                            "range's sync (a node's ask when none is due); the stopped decode's outputs are dropped");
+    cJSON_AddItemToArray(mechs, mg);
     cJSON *settings = cJSON_AddArrayToObject(o, "settings");
     for (int i = 0; i < S_COUNT; i++) {
         cJSON *s = cJSON_CreateObject();
@@ -841,6 +972,10 @@ int main(int argc, char **argv) {
                 CANCELBENCH_ABI_VERSION_MAJOR, CANCELBENCH_ABI_VERSION_MINOR);
         return 1;
     }
+    if (pthread_getcpuclockid(pthread_self(), &g_trial_clock) != 0) {
+        fprintf(stderr, "no CPU clock for the main thread\n");
+        return 1;
+    }
     g_tok = cb_token_new();
     if (!g_tok) {
         fprintf(stderr, "out of memory (cancel token)\n");
@@ -850,6 +985,8 @@ int main(int argc, char **argv) {
     llama_backend_init();
     if (!ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) && SUT_LLAMA_LIB_DIR[0])
         ggml_backend_load_all_from_path(SUT_LLAMA_LIB_DIR); /* a wheel built with dynamic backends */
+    g_eval_calibrated = calibrate_eval_reader();
+    if (!g_eval_calibrated) logf_("eval reader calibration failed: graph_eval weighs every node 1");
     emit_hello();
 
     pthread_t reader;

@@ -12,6 +12,7 @@ import os
 import queue
 import re
 import signal
+import statistics
 import subprocess
 import threading
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from cancelbench import native
 from cancelbench.native import sut_text_engine_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,13 +184,20 @@ def test_conversation_on_the_real_fixture_model(engine, small_text_model):
     assert hello["engine"]["name"] == "c-text" and hello["engine"]["version"]
     assert hello["clock"] == "CLOCK_MONOTONIC" and hello["input"] == "text"
     assert hello["phases"] == [{"name": "prefill", "steps": True}, {"name": "generate", "steps": True}]
-    assert {m["name"] for m in hello["mechanisms"]} == {"between_calls", "abort_callback"}
+    assert {m["name"] for m in hello["mechanisms"]} == {"between_calls", "abort_callback", "graph_eval"}
     declared = {s["name"]: s for s in hello["settings"]}
     assert {k: declared[k]["default"] for k in SETTINGS} == {
         "n_threads": 2, "n_ctx": 512, "n_batch": 64, "prompt_tokens": 64, "max_tokens": 8}
     assert all(declared[k]["type"] == "int" for k in SETTINGS)
     assert (declared["n_threads"]["min"], declared["n_threads"]["max"]) == (1, 512)
+    # graph_eval's slice: the built-in engines' setting, the default they use (native.DEFAULT_GRAPH_SLICE_US)
+    slice_decl = declared["graph_slice_us"]
+    assert (slice_decl["type"], slice_decl["default"], slice_decl["min"]) == ("int", native.DEFAULT_GRAPH_SLICE_US, 0)
+    from cancelbench.engine_decls import DECLARATIONS
+    builtin = {s.name: s for s in DECLARATIONS["text"].settings}["graph_slice_us"]
+    assert (slice_decl["min"], slice_decl["max"], slice_decl["doc"]) == (builtin.min, builtin.max, builtin.doc)
     assert "CPU" in hello["build"]["ggml_backends"] and hello["build"]["compiler"]
+    assert hello["build"]["eval_reader_calibrated"] == "yes"  # the eval reader weighs nodes by their shapes
 
     # --- pings: answered with the id and a time on our clock
     for ident in range(4):
@@ -314,3 +323,157 @@ def test_failed_load_and_run_before_load_then_eof(engine, small_text_model, tmp_
     # end of input (the agent died): exit 0
     engine.proc.stdin.close()
     assert engine.proc.wait(timeout=HANG_GUARD_S) == 0
+
+
+# --------------------------------------------------------------------- graph_eval
+
+# 4 prefill steps of 32 tokens, then 8 generate steps. Slice 0: every node is its own synced range,
+# so a cancel read while a decode runs meets the eval reader at the next node's sync (no unsynced tail).
+GRAPH_SETTINGS = {**SETTINGS, "n_batch": 32, "prompt_tokens": 128, "graph_slice_us": 0}
+
+
+def _load(engine: Engine, model: str, settings: dict) -> None:
+    engine.send({"type": "load", "models": {"model": model}, "settings": settings})
+    _, loaded = engine.recv()
+    assert loaded["type"] == "loaded", loaded
+
+
+def _received_in_flight(events: list[dict]) -> bool:
+    """Whether the engine read the cancel while its last step call ran (its own stamps)."""
+    steps = [e for e in events if e["type"] == "step"]
+    return bool(steps) and steps[-2]["t"] <= events[-1]["cancel_received_t"] <= steps[-1]["t"]
+
+
+def test_graph_eval_cancel_mid_prefill_is_seen_and_stopped_by_the_eval_reader(engine, small_text_model):
+    _, hello = engine.recv()
+    _load(engine, small_text_model, GRAPH_SETTINGS)
+    _, events, _ = engine.run("ge-ref", "graph_eval", settings=GRAPH_SETTINGS)
+    ref = events[-1]
+    assert ref["outcome"] == "completed", ref
+    assert _check_run_shape(events) == {"prefill": 4, "generate": GENERATE_STEPS}
+    rc = ref["counters"]
+    assert rc["eval_syncs"] == rc["abort_polls"] > 0  # slice 0: every node asked was synced
+    assert rc["eval_seen_where"] == 0 and rc["decode_rc"] == 0 and "cancel_seen" not in [e["type"] for e in events]
+    # the hooked context computes what the plain one does
+    _, plain, _ = engine.run("plain-ref", "between_calls", settings=GRAPH_SETTINGS)
+    assert plain[-1]["output_sha256"] == ref["output_sha256"]
+
+    # cancels at the second prefill step's start, until one was read while that step's decode ran
+    found = None
+    for i in range(5):
+        _, events, cancel_sent = engine.run(f"ge-{i}", "graph_eval", cancel_at_step=2, settings=GRAPH_SETTINGS)
+        done = events[-1]
+        assert done["outcome"] == "cancelled" and done["phase"] == "prefill", done
+        assert cancel_sent <= done["cancel_received_t"] <= done["t"]
+        assert "output_sha256" not in done and done["counters"]["tokens_generated"] == 0
+        assert done["counters"]["decode_rc"] == 0  # the stop is silent: llama_decode reports success
+        _check_run_shape(events)
+        if _received_in_flight(events):
+            found = (events, cancel_sent)
+            break
+    assert found, "no cancel of 5 was read while a prefill decode ran"
+    events, cancel_sent = found
+    done, c = events[-1], events[-1]["counters"]
+    seen = [e for e in events if e["type"] == "cancel_seen"]
+    assert len(seen) == 1, events  # the eval reader saw the flag inside the decode ...
+    assert c["eval_seen_where"] in (1, 2)  # ... at a node's sync (1) or the next node's ask (2)
+    # ... after the cancel was read, and the decode it stopped returned after that
+    assert cancel_sent <= done["cancel_received_t"] <= seen[0]["t"] <= done["native_returned_t"] <= done["t"]
+    assert c["decode_calls"] == 2  # stopped in the decode the cancel was read in: none started after it
+    assert 0 < c["eval_syncs"] <= c["abort_polls"] < rc["abort_polls"]  # nodes asked and synced, fewer than a run's
+
+    # the context is reusable: the next graph_eval run completes with the reference output
+    _, events, _ = engine.run("ge-after", "graph_eval", settings=GRAPH_SETTINGS)
+    assert events[-1]["outcome"] == "completed" and events[-1]["output_sha256"] == ref["output_sha256"]
+
+
+# --------------------------------------------------------------------- graph_eval's bound, through a sweep
+
+# One llama.cpp thread (bench_residue.py's setup): the engine process's CPU is then the graph thread's
+# work, not a peer's barrier spin. Three prefill step calls of 128 tokens: cancels aimed at them land
+# while a graph runs.
+BOUND_SETTINGS = {"n_threads": 1, "n_ctx": 512, "n_batch": 128, "prompt_tokens": 384, "max_tokens": 4}
+BOUND_CANCELS = 8
+NODE_PROFILES = 5
+
+
+def _largest_node_cpu_ns(model: str) -> int:
+    """graph_eval's bound is slice + 2 x the largest node (benchmarks/bench_residue.py): a calibration,
+    not a trial. The median over NODE_PROFILES uncancelled slice-0 runs (each node its own range) of
+    the longest range's CPU time on the graph thread (cb_token_max_range_cpu_ns, the engine's
+    eval_max_range_cpu_ns), in a C engine process of its own with the sweep's model and sizes."""
+    eng = Engine()
+    try:
+        eng.recv()
+        settings = {**BOUND_SETTINGS, "graph_slice_us": 0}
+        _load(eng, model, settings)
+        profiles = []
+        for i in range(NODE_PROFILES):
+            _, events, _ = eng.run(f"node-{i}", "graph_eval", settings=settings)
+            done = events[-1]
+            assert done["outcome"] == "completed", done
+            c = done["counters"]
+            assert c["eval_syncs"] == c["abort_polls"] > 0  # every node synced: each range is one node
+            profiles.append(c["eval_max_range_cpu_ns"])
+        return int(statistics.median(profiles))
+    finally:
+        eng.close()
+
+
+def test_c_engine_graph_eval_stop_in_a_sweep_is_within_slice_plus_two_largest_nodes(local_ray, tmp_path,
+                                                                                      small_text_model):
+    from cancelbench.orchestrator.config import load_config
+    from cancelbench.orchestrator.runner import run_sweep
+    from cancelbench.sink import read_records
+
+    node_ns = _largest_node_cpu_ns(small_text_model)
+    settings = ", ".join(f"{k} = {v}" for k, v in BOUND_SETTINGS.items())  # graph_slice_us: the default
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text(f"""
+[sweep]
+seed = 11
+trials_per_cell = {BOUND_CANCELS}
+reference_runs = 3
+mechanisms = ["graph_eval"]
+deliveries = ["agent"]
+ping_samples = 5
+[offsets]
+plan = "progress"
+phases = ["prefill"]
+min_per_phase = {BOUND_CANCELS}
+[[workload]]
+name = "c-text"
+engine = "external"
+command = {json.dumps(c_engine_command())}
+model = "fixture:text-qwen3-14m"
+settings = {{{settings}}}
+""")
+    out = tmp_path / "out"
+    result = run_sweep(load_config(cfg), out, progress=False)
+    df = read_records(out)
+    assert result.exit_code == 0 and set(df.outcome) <= {"cancelled", "completed"}, df.error.dropna().tolist()
+    slice_us = json.loads(df.engine_settings_json.iloc[0])["graph_slice_us"]
+    assert slice_us == native.DEFAULT_GRAPH_SLICE_US  # the declared default, sent by the agent
+    cancels = df[df.trial_kind == "cancel"]
+    assert len(cancels) == BOUND_CANCELS and set(cancels.target_phase) == {"prefill"}
+    counters = cancels.engine_counters_json.map(json.loads)
+    where = counters.map(lambda c: c["eval_seen_where"])
+    # in flight: a step call ran at the agent's receipt, and the C engine's eval reader saw the cancel
+    landed = cancels[(cancels.outcome == "cancelled") & cancels.native_call_at_receipt.notna()]
+    seen = landed[landed.t_native_observed_ns.notna()]
+    assert len(seen) > 0, cancels[["outcome", "phase_at_receipt", "native_call_at_receipt"]]
+    assert (where[seen.index] > 0).all() and (counters[seen.index].map(lambda c: c["abort_polls"]) > 0).all()
+    assert ((seen.t_received_ns <= seen.t_native_observed_ns) & (seen.t_native_observed_ns <= seen.t_terminal_ns)).all()
+    # the bound, for cancels seen at a range's sync: the stop's engine work within slice + 2 x the largest
+    # node. The work is the C engine's graph thread's CPU from its receipt to its terminal decision
+    # (trial_cpu_after_receipt_ns, that thread's own clock, up to date when read). Not the agent's
+    # engine_cpu_ms: a process's CPU clock read from outside lags a thread running on another CPU by up
+    # to a scheduler tick, and the agent reads it after forwarding the cancel (rows over the wall residue
+    # and rows near 0 both seen here).
+    at_sync = seen[where[seen.index] == 1]
+    assert len(at_sync) > 0, where[seen.index].tolist()
+    work_ns = counters[at_sync.index].map(lambda c: c["trial_cpu_after_receipt_ns"])
+    bound_ns = slice_us * 1000 + 2 * node_ns
+    over = work_ns[work_ns > bound_ns]
+    assert over.empty, (f"bound {bound_ns / 1e6:.3f} ms (slice {slice_us} us, largest node {node_ns / 1e6:.3f} ms CPU)",
+                        (over / 1e6).tolist(), at_sync.latency_ms[over.index].tolist())
