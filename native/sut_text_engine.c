@@ -30,6 +30,12 @@
  *                   unallocated ggml tensors (as llama_runtime.calibrate_eval_reader
  *                   does), so it weighs nodes by their shapes.
  *
+ * The shared cancel word (libcancelbench ABI 1.1, docs/sut-protocol.md): when the
+ * agent hands over a read-only region (CANCELBENCH_CANCEL_WORD_FD) and a run carries
+ * `cancel_seq` N, the token watches the word for N, so every reader above sees the
+ * cancel once the agent stores N, before the stdin thread reads the `cancel` line.
+ * The receipt is the earlier of the two (`done.cancel_via` says which).
+ *
  * Threads: a stdin reader thread answers `ping` at once, handles `cancel`
  * (sets the flag of the running trial, latches a cancel for a trial not yet
  * started in a bounded list, ignores one for a finished trial) and answers
@@ -226,7 +232,7 @@ static void sha256_hex(sha256_ctx *c, char out[65]) {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* guards the fields below */
 static bool g_running = false;                             /* a trial is between run and its terminal state */
 static char g_trial[MAX_TRIAL_ID + 1];                     /* the running trial's id */
-static int64_t g_cancel_received_t = 0;                    /* when the cancel of the running trial was read */
+static int64_t g_cancel_received_t = 0;                    /* when the cancel line of the running trial was read */
 static int64_t g_cancel_cpu_ns = 0;                        /* the trial thread's CPU clock right after that */
 static struct { char id[MAX_TRIAL_ID + 1]; int64_t t; bool used; } g_latched[LATCH_CAP];
 static size_t g_latch_next = 0;
@@ -239,6 +245,10 @@ static size_t g_done_next = 0;
  * polls. Set under g_mu, and reset only by trial_begin under g_mu (the token's
  * reset contract: between trials, serialized with every set). */
 static cb_token *g_tok = NULL;
+
+/* The shared cancel word (NULL: none handed over, or it could not be mapped); mapped
+ * read-only in main, before any thread starts. */
+static const void *g_word = NULL;
 
 /* The main thread's CPU clock. It calls llama_decode: the graph thread under graph_eval (with
  * n_threads 1 the only compute thread). A thread's CPU clock is brought up to date when read, also
@@ -288,12 +298,27 @@ static void handle_cancel(const char *trial, int64_t t) {
     pthread_mutex_unlock(&g_mu);
 }
 
-/* main thread: the trial starts; returns the latched cancel's read time (0 = none) */
-static int64_t trial_begin(const char *trial) {
+/* When the token latched the word (a reader found it at the trial's cancel_seq): that
+ * reader's set stamp; 0 = the word did not come first (or never came). Any thread. */
+static int64_t word_received_t(void) {
+    return cb_token_set_by_word(g_tok) ? cb_token_set_ns(g_tok) : 0;
+}
+
+/* The receipt: the earlier of the line's read and the word's latch (0 = none). Under g_mu. */
+static int64_t receipt_locked(void) {
+    int64_t w = word_received_t();
+    return (w && (!g_cancel_received_t || w < g_cancel_received_t)) ? w : g_cancel_received_t;
+}
+
+/* main thread: the trial starts; returns its receipt so far (a latched cancel line, or the
+ * word already at cancel_seq; 0 = none). cancel_seq 0: the run carried none. */
+static int64_t trial_begin(const char *trial, uint64_t cancel_seq) {
     pthread_mutex_lock(&g_mu);
     snprintf(g_trial, sizeof g_trial, "%s", trial);
     g_cancel_received_t = 0;
-    cb_token_reset(g_tok); /* flag, stamps, polls: the trial state */
+    cb_token_reset(g_tok); /* flag, stamps, polls, the watch: the trial state */
+    /* only this trial's number cancels it: a word left at an older trial's is not it */
+    if (g_word && cancel_seq) cb_token_watch(g_tok, g_word, cancel_seq);
     for (size_t i = 0; i < LATCH_CAP; i++) {
         if (g_latched[i].used && strcmp(g_latched[i].id, trial) == 0) {
             g_latched[i].used = false;
@@ -302,19 +327,32 @@ static int64_t trial_begin(const char *trial) {
             g_cancel_cpu_ns = trial_cpu_ns();
         }
     }
+    (void)cb_token_is_set(g_tok); /* latches the word if it already holds cancel_seq */
     g_running = true;
-    int64_t r = g_cancel_received_t;
+    int64_t r = receipt_locked();
     pthread_mutex_unlock(&g_mu);
     return r;
 }
 
-/* main thread: the terminal decision. After it, cancels for the trial are ignored. *cpu_after_ns:
- * the trial thread's CPU time from the receipt to the decision (-1: no receipt). */
-static void trial_end(int64_t *t_terminal, int64_t *cancel_received_t, int64_t *cpu_after_ns) {
+/* What trial_end decided about a trial's cancel. */
+typedef struct {
+    int64_t t_terminal; /* the terminal decision */
+    int64_t received_t; /* the receipt (0 = none): the earlier of line and word */
+    bool via_word;      /* the word came first */
+    int64_t cpu_after_ns; /* the trial thread's CPU from a line receipt to t_terminal; -1: no line receipt */
+} trial_outcome;
+
+/* main thread: the terminal decision. After it, cancels for the trial are ignored. The word is
+ * checked (cb_token_is_set latches it) before the terminal stamp, so a store seen here is a
+ * receipt before the decision, and one after it is not. */
+static void trial_end(trial_outcome *o) {
     pthread_mutex_lock(&g_mu);
-    *t_terminal = now_ns();
-    *cancel_received_t = g_cancel_received_t;
-    *cpu_after_ns = g_cancel_received_t ? trial_cpu_ns() - g_cancel_cpu_ns : -1;
+    (void)cb_token_is_set(g_tok); /* latches the word if it holds cancel_seq: before the stamp */
+    o->t_terminal = now_ns();
+    o->received_t = receipt_locked();
+    o->via_word = o->received_t && o->received_t != g_cancel_received_t;
+    /* a word receipt has no such reading: the engine cannot read its CPU at the agent's store */
+    o->cpu_after_ns = o->received_t && !o->via_word ? trial_cpu_ns() - g_cancel_cpu_ns : -1;
     g_running = false;
     snprintf(g_done_ids[g_done_next], sizeof g_done_ids[0], "%s", g_trial);
     g_done_next = (g_done_next + 1) % DONE_CAP;
@@ -323,7 +361,7 @@ static void trial_end(int64_t *t_terminal, int64_t *cancel_received_t, int64_t *
 
 static int64_t cancel_received_now(void) {
     pthread_mutex_lock(&g_mu);
-    int64_t r = g_cancel_received_t;
+    int64_t r = receipt_locked();
     pthread_mutex_unlock(&g_mu);
     return r;
 }
@@ -375,6 +413,11 @@ static bool is_int(const cJSON *v) {
 
 static bool is_trial_id(const cJSON *v) {
     return cJSON_IsString(v) && v->valuestring[0] && strlen(v->valuestring) <= MAX_TRIAL_ID;
+}
+
+/* run.cancel_seq: absent, or an integer the agent's JSON and cJSON's doubles both hold exactly */
+static bool is_cancel_seq(const cJSON *v) {
+    return !v || (is_int(v) && v->valuedouble >= 1.0 && v->valuedouble <= 9007199254740991.0);
 }
 
 /* ------------------------------------------------------------------ stdin reader thread */
@@ -440,6 +483,9 @@ static void *reader_main(void *arg) {
                 !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "input")) ||
                 (settings && !cJSON_IsObject(settings)) || (out && !cJSON_IsString(out) && !cJSON_IsNull(out))) {
                 emit_error("run", "run needs strings 'trial' (1-200 characters), 'mechanism' and 'input'");
+                cJSON_Delete(m);
+            } else if (!is_cancel_seq(cJSON_GetObjectItemCaseSensitive(m, "cancel_seq"))) {
+                emit_error("run", "run.cancel_seq must be an integer in [1, 2^53 - 1]");
                 cJSON_Delete(m);
             } else {
                 enqueue(m);
@@ -686,6 +732,7 @@ static void do_run(const cJSON *m) {
     const char *trial = cJSON_GetObjectItemCaseSensitive(m, "trial")->valuestring;
     const char *mech_name = cJSON_GetObjectItemCaseSensitive(m, "mechanism")->valuestring;
     const char *input = cJSON_GetObjectItemCaseSensitive(m, "input")->valuestring;
+    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(m, "cancel_seq"); /* checked by the reader thread */
 
     run_state rs = {.trial = trial, .mech = mechanism_of(mech_name), .phase = PHASE_PREFILL};
     const char *err = NULL;
@@ -694,7 +741,7 @@ static void do_run(const cJSON *m) {
     llama_token *prompt = NULL, *content = NULL, *out = NULL;
     int64_t n_prompt = 0, n_gen = 0;
 
-    int64_t latched = trial_begin(trial);
+    int64_t latched = trial_begin(trial, seq ? (uint64_t)seq->valuedouble : 0);
     emit_phase(trial, PHASE_PREFILL);
     if (rs.mech == MECH_UNKNOWN) {
         snprintf(errbuf, sizeof errbuf,
@@ -789,17 +836,20 @@ static void do_run(const cJSON *m) {
 
 finish:;
     if (rs.ctx) llama_set_abort_callback(rs.ctx, NULL, NULL);
-    int64_t t_terminal, rcv, cpu_after_ns;
-    trial_end(&t_terminal, &rcv, &cpu_after_ns);
-    /* a cancel read before the terminal decision is never dropped */
-    if (!err && rcv) cancelled = true;
+    trial_outcome to;
+    trial_end(&to);
+    /* a cancel received before the terminal decision (line or word) is never dropped */
+    if (!err && to.received_t) cancelled = true;
     cJSON *o = msg("done");
     cJSON_AddStringToObject(o, "trial", trial);
     cJSON_AddStringToObject(o, "outcome", err ? "error" : cancelled ? "cancelled" : "completed");
-    add_i64(o, "t", t_terminal);
+    add_i64(o, "t", to.t_terminal);
     cJSON_AddStringToObject(o, "phase", rs.phase);
-    if (rcv) add_i64(o, "cancel_received_t", rcv);
-    if (rs.native_returned_t && rcv) add_i64(o, "native_returned_t", rs.native_returned_t);
+    if (to.received_t) {
+        add_i64(o, "cancel_received_t", to.received_t);
+        cJSON_AddStringToObject(o, "cancel_via", to.via_word ? "word" : "line");
+    }
+    if (rs.native_returned_t && to.received_t) add_i64(o, "native_returned_t", rs.native_returned_t);
     if (err) cJSON_AddStringToObject(o, "error", err);
     if (!err && !cancelled) {
         sha256_ctx sc;
@@ -813,7 +863,7 @@ finish:;
         sha256_hex(&sc, hex);
         cJSON_AddStringToObject(o, "output_sha256", hex);
     }
-    add_counters(o, &rs, n_gen, n_prompt, cpu_after_ns);
+    add_counters(o, &rs, n_gen, n_prompt, to.cpu_after_ns);
     emit(o);
     free(prompt);
     free(content);
@@ -862,6 +912,26 @@ static bool calibrate_eval_reader(void) {
     for (int i = 0; ok && i < 4; i++) ok = cb_eval_calibrate_no_op(a, views[i]);
     ggml_free(ctx);
     return ok;
+}
+
+/* ------------------------------------------------------------------ the shared cancel word */
+
+/* Maps the region the agent handed over read-only (CB_WORD_FD_ENV names its descriptor), or
+ * leaves g_word NULL: no variable, not a descriptor number, or not a region (cancels then go by
+ * the line alone). The mapping outlives the descriptor, which is closed. */
+static void map_cancel_word(void) {
+    const char *v = getenv(CB_WORD_FD_ENV);
+    if (!v || !v[0]) return;
+    char *end = NULL;
+    errno = 0;
+    long fd = strtol(v, &end, 10);
+    if (errno || *end || fd < 0 || fd > INT32_MAX) {
+        logf_("%s=%.32s is not a descriptor number: no cancel word", CB_WORD_FD_ENV, v);
+        return;
+    }
+    g_word = cb_word_map((int)fd);
+    if (!g_word) logf_("%s=%ld could not be mapped (%s): no cancel word", CB_WORD_FD_ENV, fd, strerror(errno));
+    close((int)fd);
 }
 
 /* ------------------------------------------------------------------ hello */
@@ -939,6 +1009,9 @@ static void emit_hello(void) {
         cJSON_AddStringToObject(s, "doc", SETTINGS[i].doc);
         cJSON_AddItemToArray(settings, s);
     }
+    /* the shared cancel word is compiled in: declared whether or not this process was handed one */
+    cJSON *caps = cJSON_AddArrayToObject(o, "capabilities");
+    cJSON_AddItemToArray(caps, cJSON_CreateString("cancel_word"));
     emit(o);
 }
 
@@ -981,6 +1054,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "out of memory (cancel token)\n");
         return 1;
     }
+    map_cancel_word();
     llama_log_set(llama_log_cb, NULL);
     llama_backend_init();
     if (!ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) && SUT_LLAMA_LIB_DIR[0])
@@ -1013,3 +1087,4 @@ int main(int argc, char **argv) {
         cJSON_Delete(m);
     }
 }
+

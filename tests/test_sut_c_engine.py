@@ -22,6 +22,7 @@ import pytest
 
 from cancelbench import native
 from cancelbench.native import sut_text_engine_path
+from cancelbench.sut import cancel_word
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = ROOT / "native" / "build_sut_engine.sh"
@@ -61,11 +62,18 @@ def _validator():
 
 
 class Engine:
-    """The engine process with a thread that turns its stdout into parsed messages."""
+    """The engine process with a thread that turns its stdout into parsed messages. With ``word``
+    (cancelbench.sut.cancel_word, the agent's own region) the engine inherits the word's read-only
+    descriptor, named in CANCELBENCH_CANCEL_WORD_FD, as the agent hands it over."""
 
-    def __init__(self) -> None:
+    def __init__(self, word: cancel_word.CancelWord | None = None) -> None:
+        env, fds = None, ()
+        if word is not None:
+            env, fds = {**os.environ, **word.env()}, (word.engine_fd,)
         self.proc = subprocess.Popen(c_engine_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+                                     stderr=subprocess.PIPE, start_new_session=True, env=env, pass_fds=fds)
+        if word is not None:
+            word.engine_started()  # the engine holds its copy
         self.lines: queue.Queue = queue.Queue()
         self.validator = _validator()
         self.stderr = b""
@@ -108,11 +116,17 @@ class Engine:
         return sent, pong, received
 
     def run(self, trial: str, mechanism: str, *, cancel_at_step: int | None = None,
-            settings: dict | None = None) -> tuple[int, list[dict], int | None]:
-        """Send a run; with cancel_at_step=k, send its cancel when the k-th step start arrives.
-        Returns (time run was sent, the events up to and including done, time the cancel was sent)."""
-        sent = self.send({"type": "run", "trial": trial, "mechanism": mechanism, "input": INPUT,
-                          "settings": settings or SETTINGS, "output_path": None})
+            settings: dict | None = None, cancel_seq: int | None = None,
+            cancel=None) -> tuple[int, list[dict], int | None]:
+        """Send a run (with ``cancel_seq`` if given); with cancel_at_step=k, cancel it when the k-th
+        step start arrives: ``cancel()`` (default: send the cancel line), which returns when it
+        cancelled. Returns (time run was sent, the events up to and including done, that time)."""
+        run = {"type": "run", "trial": trial, "mechanism": mechanism, "input": INPUT,
+               "settings": settings or SETTINGS, "output_path": None}
+        if cancel_seq is not None:
+            run["cancel_seq"] = cancel_seq
+        sent = self.send(run)
+        cancel = cancel or (lambda: self.send({"type": "cancel", "trial": trial}))
         events, starts, cancel_sent = [], 0, None
         while True:
             received, message = self.recv()
@@ -123,7 +137,7 @@ class Engine:
             if message["type"] == "step" and message["edge"] == "start":
                 starts += 1
                 if starts == cancel_at_step:
-                    cancel_sent = self.send({"type": "cancel", "trial": trial})
+                    cancel_sent = cancel()
             if message["type"] == "done":
                 return sent, events, cancel_sent
 
@@ -185,6 +199,7 @@ def test_conversation_on_the_real_fixture_model(engine, small_text_model):
     assert hello["clock"] == "CLOCK_MONOTONIC" and hello["input"] == "text"
     assert hello["phases"] == [{"name": "prefill", "steps": True}, {"name": "generate", "steps": True}]
     assert {m["name"] for m in hello["mechanisms"]} == {"between_calls", "abort_callback", "graph_eval"}
+    assert hello["capabilities"] == ["cancel_word"]  # compiled in: declared with or without a word handed over
     declared = {s["name"]: s for s in hello["settings"]}
     assert {k: declared[k]["default"] for k in SETTINGS} == {
         "n_threads": 2, "n_ctx": 512, "n_batch": 64, "prompt_tokens": 64, "max_tokens": 8}
@@ -364,7 +379,7 @@ def test_graph_eval_cancel_mid_prefill_is_seen_and_stopped_by_the_eval_reader(en
         _, events, cancel_sent = engine.run(f"ge-{i}", "graph_eval", cancel_at_step=2, settings=GRAPH_SETTINGS)
         done = events[-1]
         assert done["outcome"] == "cancelled" and done["phase"] == "prefill", done
-        assert cancel_sent <= done["cancel_received_t"] <= done["t"]
+        assert done["cancel_via"] == "line" and cancel_sent <= done["cancel_received_t"] <= done["t"]
         assert "output_sha256" not in done and done["counters"]["tokens_generated"] == 0
         assert done["counters"]["decode_rc"] == 0  # the stop is silent: llama_decode reports success
         _check_run_shape(events)
@@ -380,11 +395,128 @@ def test_graph_eval_cancel_mid_prefill_is_seen_and_stopped_by_the_eval_reader(en
     # ... after the cancel was read, and the decode it stopped returned after that
     assert cancel_sent <= done["cancel_received_t"] <= seen[0]["t"] <= done["native_returned_t"] <= done["t"]
     assert c["decode_calls"] == 2  # stopped in the decode the cancel was read in: none started after it
+    assert c["trial_cpu_after_receipt_ns"] >= 0  # the stop's work on the graph thread, from the line's read
     assert 0 < c["eval_syncs"] <= c["abort_polls"] < rc["abort_polls"]  # nodes asked and synced, fewer than a run's
 
     # the context is reusable: the next graph_eval run completes with the reference output
     _, events, _ = engine.run("ge-after", "graph_eval", settings=GRAPH_SETTINGS)
     assert events[-1]["outcome"] == "completed" and events[-1]["output_sha256"] == ref["output_sha256"]
+
+
+# --------------------------------------------------------------------- the shared cancel word
+
+@pytest.fixture
+def word():
+    w = cancel_word.create()  # the agent's own region: a sealed memfd, the engine's descriptor read-only
+    if w is None:
+        pytest.skip("no private shared-memory region on this platform")
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def word_engine(word):
+    _engine_binary()
+    eng = Engine(word)
+    yield eng
+    eng.close()
+
+
+# Larger prefill steps than SETTINGS': a store at the first step's start lands in the run's work.
+WORD_SETTINGS = {**SETTINGS, "n_batch": 32, "prompt_tokens": 128}
+
+
+def test_a_word_only_cancel_stops_a_running_trial_under_every_mechanism(word_engine, word, small_text_model):
+    _, hello = word_engine.recv()
+    assert "cancel_word" in hello["capabilities"]
+    _load(word_engine, small_text_model, WORD_SETTINGS)
+    full = WORD_SETTINGS["prompt_tokens"] // WORD_SETTINGS["n_batch"] + WORD_SETTINGS["max_tokens"]  # decodes
+    seq = 0
+    for mech in ("between_calls", "abort_callback", "graph_eval"):
+        found = None
+        for attempt in range(3):  # until the store stopped the run before its work was done
+            seq += 1
+            _, events, stored = word_engine.run(f"word-{mech}-{attempt}", mech, cancel_at_step=1, cancel_seq=seq,
+                                                cancel=lambda s=seq: word.store(s), settings=WORD_SETTINGS)
+            done = events[-1]  # no cancel line was ever sent
+            assert done["outcome"] == "cancelled" and done["cancel_via"] == "word", (mech, done)
+            assert stored <= done["cancel_received_t"] <= done["t"], (mech, done)
+            assert "output_sha256" not in done
+            assert "trial_cpu_after_receipt_ns" not in done["counters"]  # no CPU reading at the agent's store
+            _check_run_shape(events)
+            # between_calls latches the word before the next llama_decode; a native reader inside the
+            # decode it stops (graph_eval's check after a decode could latch it too: not counted here)
+            if done["counters"]["decode_calls"] < full and (mech == "between_calls" or _received_in_flight(events)):
+                found = events
+                break
+        assert found, f"{mech}: no store of 3 stopped the run before its work was done"
+        done = found[-1]
+        seen = [e for e in found if e["type"] == "cancel_seen"]
+        if mech == "between_calls":  # the check before the next llama_decode latched it; no native reader
+            assert seen == [] and "native_returned_t" not in done
+        else:  # the native reader latched the word at its poll: received and seen there
+            assert len(seen) == 1 and done["cancel_received_t"] <= seen[0]["t"] <= done["native_returned_t"]
+            assert done["counters"]["abort_polls"] > 0
+        if mech == "abort_callback":
+            assert done["counters"]["decode_rc"] == 2
+        if mech == "graph_eval":
+            assert done["counters"]["eval_seen_where"] in (1, 2)
+
+
+def test_a_stale_word_never_cancels_a_later_trial(word_engine, word, small_text_model):
+    _, hello = word_engine.recv()
+    _load(word_engine, small_text_model, WORD_SETTINGS)
+    _, events, _ = word_engine.run("ref", "between_calls", settings=WORD_SETTINGS)
+    digest = events[-1]["output_sha256"]
+    # trial 1 is cancelled by the word alone; the word then stays at 1
+    _, events, _ = word_engine.run("t1", "abort_callback", cancel_at_step=1, cancel_seq=1,
+                                   cancel=lambda: word.store(1), settings=WORD_SETTINGS)
+    assert events[-1]["outcome"] == "cancelled" and events[-1]["cancel_via"] == "word"
+    assert word.load() == 1
+    # trials 2-4 under every reader: the word left at 1 is not theirs
+    for seq, mech in enumerate(("between_calls", "abort_callback", "graph_eval"), start=2):
+        _, events, _ = word_engine.run(f"t{seq}", mech, cancel_seq=seq, settings=WORD_SETTINGS)
+        done = events[-1]
+        assert done["outcome"] == "completed" and done["output_sha256"] == digest, (mech, done)
+        assert "cancel_received_t" not in done and "cancel_via" not in done
+        assert "cancel_seen" not in [e["type"] for e in events]
+    # a word already at a trial's number when its run arrives: ended without its work, as a latched line
+    word.store(5)
+    _, events, _ = word_engine.run("t5", "abort_callback", cancel_seq=5, settings=WORD_SETTINGS)
+    done = events[-1]
+    assert done["outcome"] == "cancelled" and done["cancel_via"] == "word"
+    assert done["counters"]["decode_calls"] == 0
+    # the line still works beside the word: read first, it is the receipt
+    _, events, sent = word_engine.run("t6", "abort_callback", cancel_at_step=1, cancel_seq=6, settings=WORD_SETTINGS)
+    done = events[-1]
+    assert done["outcome"] == "cancelled" and done["cancel_via"] == "line" and sent <= done["cancel_received_t"]
+
+
+def test_without_cancel_seq_the_word_is_ignored(word_engine, word, small_text_model):
+    _, hello = word_engine.recv()
+    _load(word_engine, small_text_model, WORD_SETTINGS)
+    word.store(1)  # a run that carries no cancel_seq watches nothing, whatever the word holds
+    for mech in ("between_calls", "abort_callback", "graph_eval"):
+        _, events, _ = word_engine.run(f"noseq-{mech}", mech, settings=WORD_SETTINGS)
+        done = events[-1]
+        assert done["outcome"] == "completed" and "cancel_via" not in done, (mech, done)
+    # and a cancel line for such a run works as before
+    _, events, sent = word_engine.run("noseq-line", "graph_eval", cancel_at_step=1, settings=WORD_SETTINGS)
+    assert events[-1]["outcome"] == "cancelled" and events[-1]["cancel_via"] == "line"
+
+
+def test_no_word_handed_over_cancel_seq_is_harmless_and_bad_ones_are_refused(engine, small_text_model):
+    _, hello = engine.recv()
+    assert hello["capabilities"] == ["cancel_word"]  # declared even when no word was handed over
+    _load(engine, small_text_model, WORD_SETTINGS)
+    _, events, _ = engine.run("seq-only", "abort_callback", cancel_seq=1, settings=WORD_SETTINGS)
+    assert events[-1]["outcome"] == "completed"
+    _, events, sent = engine.run("seq-line", "abort_callback", cancel_at_step=1, cancel_seq=2, settings=WORD_SETTINGS)
+    assert events[-1]["outcome"] == "cancelled" and events[-1]["cancel_via"] == "line"
+    for bad in (0, -1, 1.5, "7", None, 2**53):
+        engine.send({"type": "run", "trial": "bad-seq", "mechanism": "between_calls", "input": "x", "cancel_seq": bad})
+        _, err = engine.recv()
+        assert err["type"] == "error" and err["of"] == "run" and "cancel_seq" in err["message"], (bad, err)
 
 
 # --------------------------------------------------------------------- graph_eval's bound, through a sweep
@@ -470,8 +602,10 @@ settings = {{{settings}}}
     # engine_cpu_ms: a process's CPU clock read from outside lags a thread running on another CPU by up
     # to a scheduler tick, and the agent reads it after forwarding the cancel (rows over the wall residue
     # and rows near 0 both seen here).
-    at_sync = seen[where[seen.index] == 1]
-    assert len(at_sync) > 0, where[seen.index].tolist()
+    # A receipt by the shared word (the agent stores it before the line) is latched at the reader's sync,
+    # where the engine cannot read its CPU at the agent's store: only receipts by the line are judged.
+    at_sync = seen[(where[seen.index] == 1) & (seen.engine_cancel_via == "line")]
+    assert len(at_sync) > 0, seen[["engine_cancel_via"]].assign(where=where[seen.index]).to_dict("records")
     work_ns = counters[at_sync.index].map(lambda c: c["trial_cpu_after_receipt_ns"])
     bound_ns = slice_us * 1000 + 2 * node_ns
     over = work_ns[work_ns > bound_ns]
