@@ -3,7 +3,7 @@
 Runs ``benchmarks/configs/protocol.toml`` through the sweep path (a local Ray, one CPU agent)
 twice in one run: idle, then beside ``--busy-loops`` (default 2) pure-Python busy loops started
 by this script (``harness.busy_loops``). Each sweep interleaves three workloads of the same text
-engine (text-llama-57m, 2 threads, 128-token prompt in batches of 64, 4 generated tokens) on one
+engine (text-llama-57m, 2 threads, 64-token prompt in batches of 32, 4 generated tokens) on one
 device, under ``abort_callback`` and ``graph_eval``, both deliveries, cancels uniform over 80% of
 each cell's reference run, 300 trials per cell:
 

@@ -123,5 +123,5 @@ def inherited() -> int | None:
         return None
     try:
         return native.word_map(int(value))
-    except OSError:
+    except (OSError, RuntimeError):  # not a region, or no native library here: the line alone
         return None
