@@ -44,10 +44,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

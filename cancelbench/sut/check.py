@@ -46,7 +46,6 @@ class Run:
     t_cancel_sent: int | None = None  # the checker wrote the cancel
     t_done_read: int | None = None
     reach_ns: int | None = None
-    seq: int | None = None  # its cancel_seq (the shared cancel word)
 
     @property
     def phases(self) -> list[str]:
@@ -91,7 +90,6 @@ class Checker:
         alone, never the line."""
         proc, run = self.proc, Run(trial, kind=kind)
         seq = proc.next_seq()  # as a sweep: the shared cancel word first when the engine declares it
-        run.seq = seq
 
         def send_cancel() -> None:
             if word_only:

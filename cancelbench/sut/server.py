@@ -75,7 +75,7 @@ from typing import Callable, Protocol
 from . import cancel_word
 from .declaration import Declaration
 from .trial import Result, Trial, one_line  # noqa: F401 (the engine API: server.Result)
-from .protocol import AGENT_TYPES, MAX_LINE_BYTES, ProtocolError, encode, validate
+from .protocol import AGENT_TYPES, CAPABILITIES, MAX_LINE_BYTES, ProtocolError, encode, validate
 from .protocol import decode as decode_line
 from .protocol import type_of
 
@@ -234,8 +234,7 @@ class Server:
         """The declaration as hello, with the capabilities this library implements for every engine."""
         hello = self.declaration.to_hello()
         caps = hello.get("capabilities") or []
-        if "cancel_word" not in caps:
-            hello["capabilities"] = [*caps, "cancel_word"]
+        hello["capabilities"] = [*caps, *(c for c in CAPABILITIES if c not in caps)]
         return hello
 
     def serve(self) -> int:
