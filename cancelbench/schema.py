@@ -47,8 +47,9 @@ from .outcome import (DEFECT_OUTCOMES, OUTCOMES, STOP_COLUMNS, classify_outcome,
 # engines); 4: the cpu group (engine work vs CPU wait); 5: barge-in (schema_bargein); 6: trial_observe_cpu_ms
 # (engine work before the native reader saw the cancel); 7: the outcome from the agent's own facts
 # (cancel_reach_ns, drop_margin_ms, error_detail; no latency on a completed row); 8: the shared cancel word
-# (engine_cancel_path, engine_cancel_via); readers accept older versions (new columns null)
-SCHEMA_VERSION = 8
+# (engine_cancel_path, engine_cancel_via); 9: the whole trial's span and steal (trial_run_wall_ms,
+# host_run_steal_ms: the noise check's steal); readers accept older versions (new columns null)
+SCHEMA_VERSION = 9
 
 # Partition columns of the hive-partitioned dataset (values sanitized for paths).
 PARTITION_COLUMNS = ("backend", "host")

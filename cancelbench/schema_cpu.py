@@ -21,8 +21,9 @@ The cpu group: sources and clocks
   clock and where it stood when it first saw the token: at the sync of a range it asked to see
   (``range_end``) or at a node's ask (``next_ask``: the cancel came where no node was polled).
   The first minus the receipt read is the engine work done before the cancel was seen.
-* ``trial_run_cpu_ms``, ``trial_run_wait_ms``: the same thread over the whole trial (every
-  trial, references too), for comparing hosts between sweeps.
+* ``trial_run_cpu_ms``, ``trial_run_wait_ms``, ``trial_run_wall_ms``, ``host_run_steal_ms``: the
+  same thread (and the host's steal) over the whole trial (every trial, references too), for
+  comparing hosts between sweeps.
 * ``host_*``: ``/proc/loadavg``, ``/proc/stat`` (steal, USER_HZ ticks) and cpufreq.
 
 The residue split
@@ -120,6 +121,10 @@ CPU_FIELDS: list[tuple] = [
     ("trial_run_wait_ms", _F64, "cpu", "the trial thread's run delay (schedstat) over the same span, ms: with "
      "trial_run_cpu_ms, how much of its runnable time the engine's thread waited for a CPU over a whole sweep "
      "(diff and trend compare it between sweeps: reports/noise.py)"),
+    ("trial_run_wall_ms", _F64, "cpu", "the same span on the agent's monotonic clock, ms (in-process engines only)"),
+    ("host_run_steal_ms", _F64, "cpu", "steal time over the same span, all CPUs summed (/proc/stat, USER_HZ ticks: "
+     "10 ms resolution), ms: with trial_run_wall_ms, the CPUs the hypervisor took over a whole sweep (a residue "
+     "alone is shorter than one tick); null where the kernel reports no steal field or the engine is external"),
     ("cpu_account_source", _STR, "cpu", "where the cpu columns come from: schedstat | unavailable: <why> (macOS, a "
      "kernel without CONFIG_SCHED_INFO, the engine process gone); null when no cancel was received"),
 ]

@@ -85,6 +85,13 @@ def _read(path: str) -> str:
         os.close(fd)
 
 
+def _steal_ticks() -> int | None:
+    try:
+        return parse_steal_ticks(_read("/proc/stat"))
+    except OSError:
+        return None
+
+
 @dataclass(frozen=True)
 class Snapshot:
     cpu_ns: int  # the process CPU clock: all threads, the exited ones too
@@ -288,6 +295,9 @@ class Window:
         self._t0 = 0
         # the whole trial's, for every trial (uncancelled too): how much the engine's thread waited for a CPU
         self._run0 = own_thread_reading(self.trial_tid) if self._why is None and self.trial_tid is not None else None
+        # the host's steal over the whole trial too: a residue (a ms or two) is far shorter than
+        # /proc/stat's 10 ms tick, so steal over residues alone is one tick or none (reports/noise.py)
+        self._steal0 = _steal_ticks() if self._run0 is not None else None
 
     def owe_receipt(self) -> None:
         """Called under the cancel's lock: a receipt snapshot is coming, so a terminal one waits for it.
@@ -359,7 +369,10 @@ class Window:
         end = own_thread_reading(self.trial_tid) if self._run0 is not None and self.trial_tid is not None else None
         if end is None or threading.get_native_id() != self.trial_tid:
             return {}
-        return {"trial_run_cpu_ms": (end[1] - self._run0[1]) / 1e6, "trial_run_wait_ms": (end[2] - self._run0[2]) / 1e6}
+        steal1 = _steal_ticks() if self._steal0 is not None else None
+        return {"trial_run_cpu_ms": (end[1] - self._run0[1]) / 1e6, "trial_run_wait_ms": (end[2] - self._run0[2]) / 1e6,
+                "trial_run_wall_ms": (end[0] - self._run0[0]) / 1e6,
+                "host_run_steal_ms": None if steal1 is None else (steal1 - self._steal0) * _TICK_MS}
 
     def columns(self) -> dict:
         """The record's columns: the whole trial's trial-thread figures, and the window's (none

@@ -96,7 +96,8 @@ def add_noise_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--noise-procs", type=_positive, default=NoiseSpec.procs, metavar="N",
                    help="... whose median runnable tasks differ by more than N (default 1.5)")
     p.add_argument("--noise-steal", type=_positive, default=NoiseSpec.steal, metavar="CPUS",
-                   help="... whose stolen CPUs during the residues differ by more than this (default 0.10)")
+                   help="... whose stolen CPUs over the whole trials differ by more than this (default 0.10; judged "
+                        "only over spans of at least 20 ms / CPUS)")
     p.add_argument("--refuse-noisy", action="store_true",
                    help=f"refuse a flagged comparison: one line on stderr, exit {REFUSED_EXIT} (the outputs are "
                         "still written, saying so)")

@@ -12,8 +12,13 @@ cancel trials that have the cpu columns (device_agents/cpu_account.py):
 * **load**: the median ``host_loadavg_1m`` (a 1-minute average: slow, so its threshold is
   wide).
 * **runnable tasks**: the median ``host_procs_running`` (instantaneous, at receipt or stop).
-* **steal**: sum(host_steal_ms) / sum(latency_ms): CPUs taken by the hypervisor, on average,
-  during the residues.
+* **steal**: sum(host_run_steal_ms) / sum(trial_run_wall_ms): CPUs taken by the hypervisor, on
+  average, over the whole trials (in process); where a side has no such column, over the residues
+  (sum(host_steal_ms) / sum(latency_ms)). /proc/stat counts steal in 10 ms ticks, so a span of a
+  few ms reads one tick or none: one tick over 8 residues of 0.8 ms read as 1.5 CPUs stolen. Steal
+  is judged only where each side's span is at least STEAL_TICKS_PER_LIMIT ticks per threshold
+  (200 ms at the default 0.10: one tick moves the figure by at most half the threshold); a
+  shorter one is said to be not judged.
 
 A metric whose sides differ by more than its threshold flags the comparison, naming the side
 with the higher value as the noisy one. A side without cpu columns (records before them, a
@@ -29,7 +34,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 COLUMNS = ["latency_ms", "engine_cpu_ms", "engine_cpu_wait_ms", "host_loadavg_1m", "host_procs_running",
-           "host_steal_ms", "trial_run_cpu_ms", "trial_run_wait_ms"]
+           "host_steal_ms", "trial_run_cpu_ms", "trial_run_wait_ms", "trial_run_wall_ms", "host_run_steal_ms"]
+STEAL_TICK_MS = 10.0  # /proc/stat counts in USER_HZ ticks, 100 a second on Linux whatever the kernel's HZ
+STEAL_TICKS_PER_LIMIT = 2.0  # a side's span must hold this many ticks per threshold (one tick <= half of it)
 REFUSED_EXIT = 3  # --refuse-noisy and a noisy comparison
 
 
@@ -52,6 +59,12 @@ class NoiseFacts:
     load_1m: float | None = None
     procs_running: float | None = None
     steal: float | None = None
+    steal_span_ms: float | None = None  # the span the steal is over: whole trials, else residues
+
+
+def steal_span_needed_ms(limit: float) -> float:
+    """The shortest span over which one steal tick moves the figure by at most half of ``limit``."""
+    return STEAL_TICKS_PER_LIMIT * STEAL_TICK_MS / limit
 
 
 # (attribute, what it is called, threshold attribute, how a value is shown)
@@ -69,6 +82,7 @@ class NoiseCheck:
     sides: tuple[NoiseFacts, NoiseFacts]
     spec: NoiseSpec
     reasons: list[tuple[str, str]] = field(default_factory=list)
+    unjudged: list[str] = field(default_factory=list)  # metrics not judged, and why
 
     @property
     def flagged(self) -> bool:
@@ -85,16 +99,17 @@ class NoiseCheck:
 
     def line(self) -> str:
         """One sentence: which side was noisy and why, or that neither was."""
+        aside = f" ({'; '.join(self.unjudged)})" if self.unjudged else ""
         if not self.flagged:
             judged = all(s.n for s in self.sides)
-            return ("host noise: within the thresholds" if judged
+            return ("host noise: within the thresholds" + aside if judged
                     else "host noise: not judged (a side has no cpu columns)")
         said = "; ".join(f"{side} noisier: {text}" for side, text in self.reasons)
-        return f"NOISY {' and '.join(self.noisy)}: {said}"
+        return f"NOISY {' and '.join(self.noisy)}: {said}{aside}"
 
     def to_dict(self) -> dict:
         return {"flagged": self.flagged, "noisy": self.noisy, "refused": self.refused,
-                "reasons": [{"side": s, "why": t} for s, t in self.reasons],
+                "reasons": [{"side": s, "why": t} for s, t in self.reasons], "unjudged": list(self.unjudged),
                 "sides": {n: s.__dict__ for n, s in zip(self.names, self.sides)},
                 "thresholds": {k: v for k, v in self.spec.__dict__.items() if k != "refuse"}}
 
@@ -121,12 +136,20 @@ def noise_of(table: pa.Table) -> NoiseFacts:
     if t.num_rows == 0 and run is None:
         return NoiseFacts()
     median = lambda a: float(np.median(a[np.isfinite(a)])) if np.isfinite(a).any() else None  # noqa: E731
-    steal, lat = _col(t, "host_steal_ms"), _col(t, "latency_ms")
-    ok_s = np.isfinite(steal) & np.isfinite(lat)
+    steal, span = _steal(_col(table, "host_run_steal_ms"), _col(table, "trial_run_wall_ms"))
+    if steal is None:
+        steal, span = _steal(_col(t, "host_steal_ms"), _col(t, "latency_ms"))
     return NoiseFacts(n=table.num_rows, wait_share=run,
                       window_wait_share=_share(_col(t, "engine_cpu_ms"), _col(t, "engine_cpu_wait_ms")),
                       load_1m=median(_col(t, "host_loadavg_1m")), procs_running=median(_col(t, "host_procs_running")),
-                      steal=float(steal[ok_s].sum() / lat[ok_s].sum()) if ok_s.any() and lat[ok_s].sum() > 0 else None)
+                      steal=steal, steal_span_ms=span)
+
+
+def _steal(steal_ms: np.ndarray, span_ms: np.ndarray) -> tuple[float | None, float | None]:
+    """(stolen CPUs on average, the span summed, ms) over the rows that have both; (None, None)."""
+    ok = np.isfinite(steal_ms) & np.isfinite(span_ms)
+    span = float(span_ms[ok].sum())
+    return (float(steal_ms[ok].sum()) / span, span) if ok.any() and span > 0 else (None, None)
 
 
 def compare_noise(base: NoiseFacts, cand: NoiseFacts, spec: NoiseSpec,
@@ -137,6 +160,8 @@ def compare_noise(base: NoiseFacts, cand: NoiseFacts, spec: NoiseSpec,
         if attr == "wait_share" and not whole:
             attr, what = "window_wait_share", "CPU-wait share (engine threads, receipt to stop)"
         a, b, limit = getattr(base, attr), getattr(cand, attr), getattr(spec, limit_attr)
+        if attr == "steal" and a is not None and b is not None and not _steal_judged(base, cand, limit, check):
+            continue
         if a is None or b is None or abs(b - a) <= limit:
             continue
         noisy, quiet = (names[1], names[0]) if b > a else (names[0], names[1])
@@ -144,6 +169,16 @@ def compare_noise(base: NoiseFacts, cand: NoiseFacts, spec: NoiseSpec,
         check.reasons.append((noisy, f"{what} {show(hi)} vs {show(lo)} on the {quiet} "
                                      f"(differs by more than {f'{limit * 100:g} points' if 'wait' in attr else show(limit)})"))
     return check
+
+
+def _steal_judged(base: NoiseFacts, cand: NoiseFacts, limit: float, check: NoiseCheck) -> bool:
+    """Whether both sides' steal spans are long enough for their ticks; if not, the check says so."""
+    need = steal_span_needed_ms(limit)
+    short = min(base.steal_span_ms or 0.0, cand.steal_span_ms or 0.0)
+    if short >= need:
+        return True
+    check.unjudged.append(f"steal not judged: a side's span is {short:.0f} ms, one {STEAL_TICK_MS:g} ms tick needs {need:.0f} ms")
+    return False
 
 
 def refusal_line(command: str, check: NoiseCheck) -> str:

@@ -147,11 +147,13 @@ def test_cancel_control_takes_the_window_from_receipt_to_terminal():
     # the trial thread (this one, which built the window) worked between its two reads
     assert 0 < cols["trial_cpu_ms"] and cols["trial_cpu_wait_ms"] >= 0 and cols["cpu_window_ms"] > 0
     assert cols["trial_run_cpu_ms"] >= cols["trial_cpu_ms"]  # the whole trial holds the window
+    assert cols["trial_run_wall_ms"] >= cols["cpu_window_ms"] and cols["host_run_steal_ms"] >= 0
     late = CancelControl(native.CancelToken(), Progress())
     late.cpu = ca.Window(os.getpid())
     late.close()
     assert not late.request(native.now_ns())  # after the terminal state: not this trial's, no window
-    assert set(late.cpu.columns()) == {"trial_run_cpu_ms", "trial_run_wait_ms"}  # only the whole trial's
+    assert set(late.cpu.columns()) == {"trial_run_cpu_ms", "trial_run_wait_ms", "trial_run_wall_ms",
+                                       "host_run_steal_ms"}  # only the whole trial's
 
 
 @linux_only
