@@ -56,7 +56,11 @@ def test_sweep_records_carry_the_engines_cpu_from_receipt_to_stop(local_ray, tmp
     in_flight = received[(received.outcome == "cancelled") & received.native_call_at_receipt.notna()]
     for workload in ("text-in", "text-out"):  # the checks below are not vacuous for either engine
         assert (in_flight.workload == workload).sum() > 0, workload
-    assert (in_flight.engine_cpu_ms > 0).all(), in_flight[["workload", "engine_cpu_ms"]]
+    # >= 0 per trial, > 0 in some for each engine: an external engine's process CPU clock, read from
+    # outside, lags a thread running on another CPU by up to a scheduler tick, and beside two busy
+    # loops one window read 0.0 (so would a vCPU the hypervisor took: clock_task stands still)
+    assert (in_flight.engine_cpu_ms >= 0).all(), in_flight[["workload", "engine_cpu_ms"]]
+    assert (in_flight.groupby("workload").engine_cpu_ms.max() > 0).all(), in_flight[["workload", "engine_cpu_ms"]]
     assert (received.engine_cpu_wait_ms >= 0).all() and (received.engine_involuntary_switches >= 0).all()
     assert (received.host_procs_running >= 1).all() and (received.cpu_snapshot_us > 0).all()
     # Each engine's own process: the agent (a Ray worker: its threads and llama.cpp's) for the
