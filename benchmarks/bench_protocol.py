@@ -24,7 +24,8 @@ engine's own ``done.t``) of the four workloads from the report, and what each ou
 path adds over the reference.
 
 Target (issue 35): with the word the protocol adds < 0.2 ms at p50 and < 1 ms at p99 over the
-reference, with 299+ samples per cell for the p99.
+reference, with 299+ samples per cell for the p99; judged on the idle sweep (beside the busy loops
+both sides' tails are the load's, and a cell is not judged).
 
     python benchmarks/bench_protocol.py [--trials 300] [--busy-loops 2] [--out DIR] [--force] [--note TEXT]
 """
@@ -55,7 +56,9 @@ def side_by_side(summary: dict, out: Path, load: str, mechanism: str, delivery: 
     p99 = {w: c.get("p99_ms") for w, c in cells.items()}
     n = {w: c.get("n", 0) for w, c in cells.items()}
     added = {w: {"p50_ms": _added(p50[REF], p50[w]), "p99_ms": _added(p99[REF], p99[w])} for w in OUT_OF_PROCESS}
-    met = {w: _met(added[w], min(n[REF], n[w])) for w in (WORD, C_WORD)}
+    # judged idle only: beside the busy loops both sides' tails are the load's (a busy reference p99 of
+    # 87.6 ms made "-57 ms" look met)
+    met = {w: _met(added[w], min(n[REF], n[w])) if load == "idle" else None for w in (WORD, C_WORD)}
     return {"load": load, "mechanism": mechanism, "delivery": delivery, "n": n, "p50_ms": p50, "p99_ms": p99,
             "max_ms": {w: c.get("max_ms") for w, c in cells.items()}, "added": added,
             "protocol_hop_ms": {w: harness.column_distribution(out, "protocol_hop_ms", workload=w, mechanism=mechanism,

@@ -273,4 +273,5 @@ def recorded_declaration(recorded: dict) -> Declaration | None:
                        protocol=d["protocol"], build=tuple(tuple(kv) for kv in d["build"]),
                        phases=tuple(Phase(**p) for p in d["phases"]),
                        mechanisms=tuple(MechanismInfo(**m) for m in d["mechanisms"]),
-                       settings=tuple(Setting(**s) for s in d["settings"]))
+                       settings=tuple(Setting(**s) for s in d["settings"]),
+                       capabilities=tuple(d.get("capabilities") or ()))

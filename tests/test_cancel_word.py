@@ -191,3 +191,21 @@ def test_sut_check_passes_the_word_of_an_engine_that_reads_it_and_fails_one_that
     assert not by["cancel_word"].ok and "not honoured" in by["cancel_word"].detail
     assert all(c.ok for n, c in by.items() if n != "cancel_word"), [c for c in checks if not c.ok]
 
+
+
+def test_a_recorded_declaration_keeps_its_capabilities():
+    """A manifest's external workload comes back with the capabilities its engine declared (else a
+    resummarised or resumed sweep's config differs from the one it ran with)."""
+    import dataclasses
+    import json
+
+    from cancelbench.orchestrator.workloads import recorded_declaration
+    from cancelbench.sut.declaration import Declaration
+    hello = {"type": "hello", "protocol": 1, "engine": {"name": "e", "version": "1"}, "build": {}, "clock": "monotonic",
+             "input": "text", "phases": [{"name": "prefill", "steps": True}],
+             "mechanisms": [{"name": "abort_callback", "reaches": "in_call"}], "settings": [],
+             "capabilities": ["cancel_word"]}
+    decl = Declaration.from_hello(hello)
+    assert decl.can("cancel_word")
+    recorded = json.loads(json.dumps({"declaration": dataclasses.asdict(decl)}))  # as a manifest holds it
+    assert recorded_declaration(recorded) == decl
