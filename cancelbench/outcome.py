@@ -29,7 +29,7 @@ def drop_margin_ns(row: dict) -> int | None:
         forwarded, seen_end = received, row.get("t_terminal_ns")
     if seen_end is None:
         return None
-    return seen_end - forwarded - (row.get("cancel_reach_ns") or 0)
+    return seen_end - forwarded - (row.get("cancel_reach_ns") or 0) - (row.get("cancel_stall_ns") or 0)
 
 
 def classify_outcome(row: dict) -> tuple[str, str | None]:

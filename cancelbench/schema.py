@@ -48,8 +48,9 @@ from .outcome import (DEFECT_OUTCOMES, OUTCOMES, STOP_COLUMNS, classify_outcome,
 # (engine work before the native reader saw the cancel); 7: the outcome from the agent's own facts
 # (cancel_reach_ns, drop_margin_ms, error_detail; no latency on a completed row); 8: the shared cancel word
 # (engine_cancel_path, engine_cancel_via); 9: the whole trial's span and steal (trial_run_wall_ms,
-# host_run_steal_ms: the noise check's steal); readers accept older versions (new columns null)
-SCHEMA_VERSION = 9
+# host_run_steal_ms: the noise check's steal); 10: cancel_stall_ns (the outcome rule's allowance for a cancel
+# held off a CPU); readers accept older versions (new columns null)
+SCHEMA_VERSION = 10
 
 # Partition columns of the hive-partitioned dataset (values sanitized for paths).
 PARTITION_COLUMNS = ("backend", "host")
@@ -213,6 +214,10 @@ _FIELDS: list[tuple] = [
      "decision are atomic); external engines: twice the slowest pong of this engine process the agent timed "
      "during runs (the last 64, this trial's included; before any, at start-up), a cancel's trip in and the "
      "done's trip out (docs/sut-protocol.md, \"The outcome rule\")"),
+    ("cancel_stall_ns", _I64, "timestamps", "external engines on Linux: how long the cancel was held off a CPU "
+     "between the agent's forward and its read of the done (ns, a duration, the kernel's schedstat run delay): the "
+     "longest any engine thread waited on a runqueue, plus the agent's stdout reader's wait. Added to the reach "
+     "in the outcome rule; null where not measured"),
     ("t_native_observed_ns", _I64, "timestamps", "agent: first native reader saw the token (abort mechanisms), else null"),
     ("t_native_returned_ns", _I64, "timestamps", "agent: the native call in flight at receipt returned"),
     ("t_terminal_ns", _I64, "timestamps", "agent: engine reached its terminal state"),
@@ -234,7 +239,7 @@ _FIELDS: list[tuple] = [
     ("cost_ratio", _F64, "derived", "latency_ms / reference_ms"),
     ("drop_margin_ms", _F64, "derived", "cancels the agent took: how long after the cancel could have reached "
      "the engine its terminal state came, on the agent's own stamps: (t_engine_done_read, in process "
-     "t_terminal) - (t_cancel_forwarded, in process t_received) - cancel_reach. At or above 0 a completed run "
+     "t_terminal) - (t_cancel_forwarded, in process t_received) - cancel_reach - cancel_stall. At or above 0 a completed run "
      "is dropped; below 0 the cancel raced the completion"),
     ("outcome", _STR, "result", "cancelled | completed | dropped | error | lost (classify_outcome)", "either"),
     ("decode_rc", _I32, "result", "return code of the last native call (llama_decode 2 = aborted)"),

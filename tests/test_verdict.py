@@ -64,6 +64,15 @@ def test_the_rule_judges_by_the_agents_stamps_and_the_engines_word_only_confirms
     assert raced["outcome"] == "completed" and raced["drop_margin_ms"] == -1.0
     assert raced["latency_ms"] is None and raced["end_to_end_ms"] is None and raced["cost_ratio"] is None
 
+    # The same late done, but the cancel was held off a CPU (the kernel's run delay of the engine's threads and
+    # the agent's reader) for as long as the done was late: an engine that decided before the cancel could reach
+    # it is not taken for a drop; held off for less than that, it still is.
+    late = dict(t_received_ns=10 * ms, t_cancel_forwarded_ns=10 * ms, cancel_reach_ns=2 * ms,
+                t_engine_done_read_ns=30 * ms, t_terminal_ns=9 * ms)
+    stalled = finalize_row(row(**late, cancel_stall_ns=19 * ms))
+    assert stalled["outcome"] == "completed" and stalled["drop_margin_ms"] == -1.0
+    assert finalize_row(row(**late, cancel_stall_ns=17 * ms))["outcome"] == "dropped"
+
     confirmed = finalize_row(row(t_received_ns=10 * ms, t_cancel_forwarded_ns=10 * ms, cancel_reach_ns=20 * ms,
                                  t_engine_done_read_ns=12 * ms, t_terminal_ns=11 * ms, t_engine_received_ns=10 * ms))
     assert confirmed["outcome"] == "dropped"  # within the reach, but it says it read the cancel first
@@ -185,6 +194,7 @@ def test_a_sweep_judges_each_engine_by_what_the_agent_saw(tmp_path):
     assert len(silent) == 4 and set(silent.outcome) == {"dropped"}, silent[["trial_id", "outcome", "error"]]
     assert silent.t_engine_received_ns.isna().all()  # it never said it read them: the agent's stamps tell
     assert (silent.drop_margin_ms > 0).all() and (silent.cancel_reach_ns > 0).all()
+    assert (silent.cancel_stall_ns >= 0).all()  # measured, and what it allows did not acquit them
 
     unlatched = cancels[cancels.workload == "no_latch"]
     assert len(unlatched) == 4 and set(unlatched.outcome) <= {"cancelled", "dropped"}, \

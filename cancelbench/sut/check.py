@@ -46,6 +46,7 @@ class Run:
     t_cancel_sent: int | None = None  # the checker wrote the cancel
     t_done_read: int | None = None
     reach_ns: int | None = None
+    stall_ns: int | None = None  # how long the cancel was held off a CPU (EngineProcess.stall_ns)
 
     @property
     def phases(self) -> list[str]:
@@ -63,7 +64,7 @@ class Run:
         return classify_outcome({
             "outcome": d["outcome"] if d["outcome"] in ("completed", "cancelled") else "error",
             "trial_kind": self.kind, "t_received_ns": self.t_cancel_sent, "t_cancel_forwarded_ns": self.t_cancel_sent,
-            "t_engine_done_read_ns": self.t_done_read, "cancel_reach_ns": self.reach_ns,
+            "t_engine_done_read_ns": self.t_done_read, "cancel_reach_ns": self.reach_ns, "cancel_stall_ns": self.stall_ns,
             "t_terminal_ns": clock.to_agent(d["t"]),
             "t_engine_received_ns": None if received is None else clock.to_agent(received)})
 
@@ -125,7 +126,7 @@ class Checker:
             last = max(last, t)
             if msg["type"] == "done":
                 run.done, run.t_done_read = msg, got.t_read_ns
-                run.reach_ns = proc.reach_ns()
+                run.reach_ns, run.stall_ns = proc.reach_ns(), proc.stall_ns()
                 proc.end_run()
                 if msg["phase"] not in self.decl.phase_names:
                     run.problems.append(f"done says phase {msg['phase']!r}, which is not declared")
@@ -252,7 +253,7 @@ class Checker:
                 said = "it read the cancel" if "cancel_received_t" in d else "it did not say it read the cancel"
                 out.append(Check(name, False, f"the cancel sent in {phase} was dropped: the run completed "
                                  f"{run.done_after_cancel_ms():.1f} ms after the cancel was sent, past the "
-                                 f"{(run.reach_ns or 0) / 1e6:.2f} ms it takes to reach the engine ({said})"))
+                                 f"{((run.reach_ns or 0) + (run.stall_ns or 0)) / 1e6:.2f} ms it takes to reach the engine ({said})"))
             elif outcome == "completed":
                 out.append(Check(name, True, f"the run completed within the cancel's reach of "
                                  f"{(run.reach_ns or 0) / 1e6:.2f} ms ({phase} is too short to aim at from here)",

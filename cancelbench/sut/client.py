@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from cancelbench import native
 
-from . import cancel_word
+from . import cancel_word, stall
 from .clock import ClockCheck, in_trial  # noqa: F401 (in_trial: the engines' callers)
 from .declaration import Declaration
 from .leftovers import MARK_ENV, descendants, end_leftovers, group_alive  # noqa: F401 (group_alive: sut-check)
@@ -84,6 +84,8 @@ class EngineProcess:
         self.startup_rtts: list[int] = []
         self.run_rtts: collections.deque[int] = collections.deque(maxlen=REACH_PINGS)
         self._timed: dict[int, int] = {}  # ping id -> sent, of the running trial's send_timed pings
+        self._reader_tid: int | None = None  # the agent's thread that reads the engine's stdout (Linux tid)
+        self._waits_at_cancel: stall.RunDelays | None = None  # the run delays when the run's cancel was sent
         self.word: cancel_word.CancelWord | None = None  # this process's shared cancel word (start)
         self._seq = 0  # the last run's cancel_seq
 
@@ -185,6 +187,14 @@ class EngineProcess:
     def end_run(self) -> None:
         """The run's done was read: a pong that comes later was not answered during the run."""
         self._timed.clear()
+        self._waits_at_cancel = None
+
+    def stall_ns(self) -> int | None:
+        """The cancel's stall since :meth:`send_cancel` (cancelbench.sut.stall); None when not measured."""
+        return stall.stall_ns(self._waits_at_cancel, self._run_delays())
+
+    def _run_delays(self) -> stall.RunDelays | None:
+        return None if self.proc is None else stall.run_delays(self.proc.pid, self._reader_tid)
 
     @property
     def uses_word(self) -> bool:
@@ -205,6 +215,8 @@ class EngineProcess:
         with self._write_lock:
             t = self.word.store(seq) if seq is not None and self.word is not None else None
             t_line = self.send_timed({"type": "cancel", "trial": trial})
+        if self._waits_at_cancel is None:  # after the cancel is out: the kernel's figures delay not the cancel
+            self._waits_at_cancel = self._run_delays()
         return t_line if t is None else t
 
     def _close_word(self) -> None:
@@ -275,6 +287,7 @@ class EngineProcess:
 
     def _read_stdout(self) -> None:
         stream = self.proc.stdout
+        self._reader_tid = threading.get_native_id()
         while True:
             try:
                 line = stream.readline(MAX_LINE_BYTES + 1)

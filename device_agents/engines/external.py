@@ -229,6 +229,7 @@ class ExternalEngine:
             "t_cancel_forwarded_ns": forwarded,
             "t_native_observed_ns": observed,
             "cancel_reach_ns": self.proc.reach_ns() if forwarded is not None else None,
+            "cancel_stall_ns": self.proc.stall_ns() if forwarded is not None else None,
             "engine_counters_json": json.dumps(counters, sort_keys=True) if counters else None,
             "engine_cancel_path": self._cancel_path if forwarded is not None else None,
             "engine_cancel_via": msg.get("cancel_via") if msg.get("cancel_received_t") is not None else None,
