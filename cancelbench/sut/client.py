@@ -1,16 +1,11 @@
-"""The agent's side of the engine protocol (docs/sut-protocol.md): start an engine
-process, read its hello, check its clock, talk to it, supervise it.
-
-One :class:`EngineProcess` per engine process: the process leads its own process group
-in the agent's session (a session of its own is an autogroup of its own under Linux
-autogroup scheduling: on a loaded host its threads would get a CPU share apart from the
-agent's, which no in-process engine sees); a reader thread turns its stdout into
-validated messages on a queue (each stamped with the agent's clock when read), another
-keeps its stderr (bounded); a reaper process (``python -m cancelbench.sut.reaper``) kills
-the group if the agent dies without closing it. Used by the agent (engines/external.py),
-the driver's pre-flight (:func:`declare`) and ``cancelbench sut-check``.
+"""The agent's side of the engine protocol (docs/sut-protocol.md): start an engine process, read its hello,
+check its clock, talk to it, supervise it. One :class:`EngineProcess` per engine process: it leads its own
+process group in the agent's session (a session of its own is an autogroup of its own under Linux autogroup
+scheduling: its threads would get a CPU share apart from the agent's, which no in-process engine sees); a
+reader thread turns its stdout into validated messages on a queue (each stamped with the agent's clock when
+read), another keeps its stderr (bounded); a reaper (``python -m cancelbench.sut.reaper``) kills the group if
+the agent dies without closing it. Used by engines/external.py, the driver's :func:`declare` and sut-check.
 """
-
 from __future__ import annotations
 
 import collections
@@ -44,7 +39,6 @@ class EngineError(RuntimeError):
 @dataclass(frozen=True)
 class Received:
     """One line from the engine: the message (None at end of stream), or what was wrong with it."""
-
     msg: dict | None
     t_read_ns: int
     error: ProtocolError | None = None
@@ -84,8 +78,8 @@ class EngineProcess:
         self.startup_rtts: list[int] = []
         self.run_rtts: collections.deque[int] = collections.deque(maxlen=REACH_PINGS)
         self._timed: dict[int, int] = {}  # ping id -> sent, of the running trial's send_timed pings
-        self._reader_tid: int | None = None  # the agent's thread that reads the engine's stdout (Linux tid)
-        self._waits_at_cancel: stall.RunDelays | None = None  # the run delays when the run's cancel was sent
+        self._reader_tid: int | None = None  # the agent's stdout reader (Linux tid); run delays at the cancel:
+        self._waits_at_cancel: stall.RunDelays | None = None
         self.word: cancel_word.CancelWord | None = None  # this process's shared cancel word (start)
         self._seq = 0  # the last run's cancel_seq
 
@@ -155,8 +149,7 @@ class EngineProcess:
         return ClockCheck(False, best[1], best[0] // 2)
 
     def ping(self, timeout_s: float | None = None) -> Received:
-        """A ping and its pong (other messages meanwhile are an error: only between trials; a late pong
-        of an earlier ping, one a run's reach ping got after its done, is passed over)."""
+        """A ping and its pong, between trials (another message is an error; an earlier ping's late pong is skipped)."""
         ping_id, _ = self.send_ping()
         while True:
             got = self._next(timeout_s or self.answer_timeout_s, "a pong")
@@ -168,10 +161,8 @@ class EngineProcess:
             return got
 
     def send_timed(self, msg: dict | None = None) -> int:
-        """Write a run's line (``run``, ``cancel``; None: only the ping) and then a ping whose round trip,
-        if it is answered before the run's done, is one of the cancel's reach (:meth:`reach_ns`). Lines are
-        taken in order, so the pong after a cancel left the engine after it took the cancel. The agent's
-        clock just before the line's write."""
+        """Write a run's line (``run``, ``cancel``; None: only the ping), then a ping whose round trip, if answered
+        before the run's done, is one of the cancel's reach (:meth:`reach_ns`); the agent's clock before the write."""
         with self._write_lock:
             t = None if msg is None else self.send(msg)
             ping_id, sent = self.send_ping()
@@ -226,9 +217,8 @@ class EngineProcess:
                 word.close()
 
     def reach_ns(self) -> int:
-        """How long after the agent writes a cancel the engine's terminal state may still have come before
-        it: twice the slowest round trip this process answered (a cancel's trip in and its done's trip out,
-        each at most a round trip) over the last REACH_PINGS during runs; before any, its start-up pings."""
+        """Twice the slowest round trip of the last REACH_PINGS answered during runs (before any, at start-up):
+        a cancel's trip in and its done's trip out (docs/sut-protocol.md, "The outcome rule")."""
         return 2 * max(self.run_rtts or self.startup_rtts, default=0)
 
     def load(self, models: dict, settings: dict) -> dict:
@@ -243,16 +233,14 @@ class EngineProcess:
 
     # -- talking -------------------------------------------------------------
     def send_ping(self) -> tuple[int, int]:
-        """A ping with the next id (its pong answers it): (its id, the agent's clock when sent). Safe from
-        any thread (a run's reach ping goes out on the cancel's thread)."""
+        """A ping with the next id: (its id, the agent's clock when sent). Safe from any thread."""
         with self._write_lock:
             self._ping_id += 1
             ping_id = self._ping_id
             return ping_id, self.send({"type": "ping", "id": ping_id, "t": native.now_ns()})
 
     def send(self, msg: dict) -> int:
-        """Write one message; the agent's clock just before the write (nothing the engine does
-        in answer can be earlier). EngineError if the engine is gone."""
+        """Write one message; the agent's clock just before the write. EngineError if the engine is gone."""
         return self.send_line(encode(msg))
 
     def send_line(self, line: bytes) -> int:
@@ -286,8 +274,7 @@ class EngineProcess:
         return got
 
     def _read_stdout(self) -> None:
-        stream = self.proc.stdout
-        self._reader_tid = threading.get_native_id()
+        stream, self._reader_tid = self.proc.stdout, threading.get_native_id()
         while True:
             try:
                 line = stream.readline(MAX_LINE_BYTES + 1)
