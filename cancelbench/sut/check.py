@@ -52,6 +52,10 @@ class Run:
     def phases(self) -> list[str]:
         return [e["phase"] for e in self.events if e["type"] == "phase"]
 
+    def reach_with_stall_ms(self) -> float:
+        """The time the outcome rule allows the cancel (reach + stall), as the verdict lines say it."""
+        return ((self.reach_ns or 0) + (self.stall_ns or 0)) / 1e6
+
     def done_after_cancel_ms(self) -> float:
         return (self.t_done_read - self.t_cancel_sent) / 1e6
 
@@ -253,10 +257,10 @@ class Checker:
                 said = "it read the cancel" if "cancel_received_t" in d else "it did not say it read the cancel"
                 out.append(Check(name, False, f"the cancel sent in {phase} was dropped: the run completed "
                                  f"{run.done_after_cancel_ms():.1f} ms after the cancel was sent, past the "
-                                 f"{((run.reach_ns or 0) + (run.stall_ns or 0)) / 1e6:.2f} ms it takes to reach the engine ({said})"))
+                                 f"{run.reach_with_stall_ms():.2f} ms it takes to reach the engine ({said})"))
             elif outcome == "completed":
                 out.append(Check(name, True, f"the run completed within the cancel's reach of "
-                                 f"{(run.reach_ns or 0) / 1e6:.2f} ms ({phase} is too short to aim at from here)",
+                                 f"{run.reach_with_stall_ms():.2f} ms ({phase} is too short to aim at from here)",
                                  skipped=True))
             else:
                 out.append(Check(name, False, f"the run ended {d['outcome']}: {d.get('error', '')}"))
@@ -281,7 +285,7 @@ class Checker:
         outcome, _ = run.outcome(clock)
         if outcome == "completed":
             return Check("cancel_word", True, f"the run completed within the word's reach of "
-                         f"{(run.reach_ns or 0) / 1e6:.2f} ms (too short to aim at from here)", skipped=True)
+                         f"{run.reach_with_stall_ms():.2f} ms (too short to aim at from here)", skipped=True)
         if outcome != "cancelled":
             problems.append(f"a cancel stored in the shared word alone was not honoured: the run ended "
                             f"{d['outcome']} {run.done_after_cancel_ms():.1f} ms after the store")
