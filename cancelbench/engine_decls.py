@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cancelbench.sut.declaration import Declaration, MechanismInfo, Phase, Setting
+from typing import Callable
+
+from cancelbench.sut.declaration import Declaration, MechanismInfo, Phase, Setting, SettingError
 
 
 @dataclass(frozen=True)
@@ -52,12 +54,16 @@ MAX_DURATION_US = 3_600_000_000  # one hour
 MAX_SIM_US = 600_000_000  # sim engine: a phase's wait, ten minutes
 MAX_SIM_STEPS = 100_000
 MAX_SEED = 2**62 - 1
+# graph_eval: the eval reader synchronizes the backend about this often (see cb_token_eval_reader in
+# native/cancel_token.c); 0 = after every graph node. Re-exported by cancelbench.native.
+DEFAULT_GRAPH_SLICE_US = 2000
 
 
 def _llama_settings(n_batch: int, chunk_tokens: int) -> tuple[Setting, ...]:
     return (
         Setting("n_threads", "int", 2, 1, MAX_THREADS, "llama.cpp threads"),
-        Setting("n_ctx", "int", 0, 0, MAX_INT32, "context size; 0: the engine's own size"),
+        Setting("n_ctx", "int", 0, 0, MAX_INT32, "context size; 0: text max(512, prompt_tokens + max_tokens + 8), "
+                "speech 2048"),
         Setting("n_batch", "int", n_batch, 1, MAX_INT32, "llama n_batch (tokens per prompt decode)"),
         Setting("n_ubatch", "int", None, 1, MAX_INT32, "llama n_ubatch; default n_batch, at most n_batch"),
         Setting("chunk_tokens", "int", chunk_tokens, 1, MAX_INT32, "chunked mechanism: tokens per prompt chunk"),
@@ -65,8 +71,8 @@ def _llama_settings(n_batch: int, chunk_tokens: int) -> tuple[Setting, ...]:
                 "layers offloaded to the device; default all on GPU devices, none on CPU"),
         Setting("use_extra_bufts", "bool", True, doc="llama.cpp weight repacking into extra CPU buffer types "
                 "(AMX tiles on x86, ...); false where a host faults in it"),
-        Setting("graph_slice_us", "int", None, 0, MAX_DURATION_US,
-                "graph_eval: eval-reader work per synchronized node range, us (0: every node; default 2000)"),
+        Setting("graph_slice_us", "int", DEFAULT_GRAPH_SLICE_US, 0, MAX_DURATION_US,
+                "graph_eval: eval-reader work per synchronized node range, us (0: every node)"),
     )
 
 
@@ -102,9 +108,9 @@ DECLARATIONS: dict[str, Declaration] = {
     "tts": _declare("tts", ("set_input", "prompt", "generate", "code2wav", "output"), _llama_settings(256, 32) + (
         Setting("max_tokens", "int", 16, 1, MAX_INT32, "frame cap when max_frames is not given"),
         Setting("max_frames", "int", None, 1, MAX_INT32, "frame cap of one synthesis; default max_tokens"),
-        Setting("lang", "string", None, doc="language (default: the corpus item's, else en)"),
-        Setting("top_k", "int", None, 1, MAX_INT32, "sampling top-k (default 50)"),
-        Setting("temp", "float", None, 0.0, 100.0, "sampling temperature (default 0.9)", width="float64"),
+        Setting("lang", "string", "en", doc="language of an input whose corpus item names none"),
+        Setting("top_k", "int", 50, 1, MAX_INT32, "sampling top-k"),
+        Setting("temp", "float", 0.9, 0.0, 100.0, "sampling temperature", width="float64"),
         Setting("seed", "int", None, 0, MAX_SEED, "sampler seed (default: the sweep's seed)",
                 column="sampling_seed", width="int64"), _MMPROJ_OFFLOAD,
     ), step_phases=("set_input", "prompt", "generate", "code2wav")),  # output steps only without a window left
@@ -123,6 +129,78 @@ DECLARATIONS: dict[str, Declaration] = {
         Setting("sim_steps", "int", 4, 1, MAX_SIM_STEPS, "native waits in generate (and in chunked prefill)"),
     ), input="none"),
 }
+
+
+# -- resolution: the one place a built-in engine's settings get their values ----------------------
+# Settings whose declared default is None (or n_ctx's 0) take a value that depends on another
+# setting or on the device; every other default is the declaration's. The driver resolves a
+# workload before the sweep (device unknown: n_gpu_layers stays None), the agent again with its
+# device, and an engine's constructor takes what this returns and defaults nothing itself.
+def _speech_ctx(s: dict) -> int:
+    return 2048
+
+
+def _text_ctx(s: dict) -> int:
+    return max(512, s["prompt_tokens"] + s["max_tokens"] + 8)
+
+
+_Derive = Callable[[dict], object]
+_LLAMA_DERIVED: dict[str, _Derive] = {"n_ubatch": lambda s: s["n_batch"]}
+_DERIVED: dict[str, dict[str, _Derive]] = {
+    "text": {**_LLAMA_DERIVED, "n_ctx": _text_ctx},
+    "tts": {**_LLAMA_DERIVED, "n_ctx": _speech_ctx, "max_frames": lambda s: s["max_tokens"],
+            "seed": lambda s: 0},  # the sweep's default seed; a sweep sends its own
+    "stt": {**_LLAMA_DERIVED, "n_ctx": _speech_ctx},
+}
+
+
+ALL_GPU_LAYERS = 999  # llama.cpp offloads min(n_gpu_layers, the model's layers)
+
+
+def device_n_gpu_layers(device_id: str) -> int:
+    """n_gpu_layers where a workload sets none: all layers on a GPU device, none on a CPU one."""
+    return 0 if device_id.startswith("cpu") else ALL_GPU_LAYERS
+
+
+def on_device(workload: dict, device_id: str) -> dict:
+    """The workload with the device's default for an n_gpu_layers it leaves unset (all layers on
+    a GPU, none on a CPU): a built-in engine's, or an external engine's where the driver found it
+    declared to take that default (``device_settings``: a built-in engine out of process too)."""
+    workload = dict(workload)
+    if "settings" in workload:  # an external engine's table
+        settings = workload["settings"] = dict(workload["settings"])
+        for name in workload.get("device_settings", ()):
+            if settings.get(name) is None:
+                settings[name] = device_n_gpu_layers(device_id)
+    elif workload.get("n_gpu_layers") is None:
+        workload["n_gpu_layers"] = device_n_gpu_layers(device_id)
+    return workload
+
+
+def resolve_settings(kind: str, given: dict, where: str, device_id: str | None = None) -> dict:
+    """Every setting of built-in engine ``kind``: ``given``'s value (checked; keys that are not
+    settings, such as model paths, ignored), else the declared default, else the derived value;
+    then what no single setting says (n_ubatch <= n_batch; a text prompt and its output fit n_ctx).
+    ``device_id`` None leaves n_gpu_layers None for the agent to resolve. SettingError, one line."""
+    decl = DECLARATIONS[kind]
+    names = {s.name for s in decl.settings}
+    s = decl.resolve({k: v for k, v in given.items() if k in names and v is not None}, where)
+    for name, derive in _DERIVED.get(kind, {}).items():
+        if s[name] is None or (name == "n_ctx" and s[name] == 0):
+            s[name] = derive(s)
+    if "n_gpu_layers" in s and s["n_gpu_layers"] is None and device_id is not None:
+        s["n_gpu_layers"] = device_n_gpu_layers(device_id)
+    if "n_ubatch" in s and s["n_ubatch"] > s["n_batch"]:
+        raise SettingError(f"{where}: n_ubatch ({s['n_ubatch']}) must be <= n_batch ({s['n_batch']})")
+    if "prompt_tokens" in s and s["prompt_tokens"] + s["max_tokens"] > s["n_ctx"]:
+        raise SettingError(f"{where}: prompt_tokens + max_tokens ({s['prompt_tokens'] + s['max_tokens']}) "
+                           f"exceeds n_ctx {s['n_ctx']}")
+    return s
+
+
+def settings_record(kind: str, settings: dict) -> dict:
+    """Resolved settings under their record columns (a TTS ``seed`` is ``sampling_seed``)."""
+    return {s.record_column: settings[s.name] for s in DECLARATIONS[kind].settings}
 
 
 DOCS_BEGIN = "<!-- engine settings: generated from cancelbench/engine_decls.py by `python -m cancelbench.engine_decls` -->"

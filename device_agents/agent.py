@@ -189,9 +189,9 @@ class DeviceAgent:
         Model files are verified against their locks here, once, before
         llama.cpp sees them; the engine gets the verified paths.
         """
-        workload = dict(workload)
-        if workload.get("n_gpu_layers") is None:  # device default: all layers on a GPU, none on CPU
-            workload["n_gpu_layers"] = 0 if self.device_id.startswith("cpu") else 999
+        from cancelbench.engine_decls import on_device
+
+        workload = on_device(workload, self.device_id)
         key = json.dumps(workload, sort_keys=True, default=str)
         if key != self._engine_key:
             from cancelbench import native

@@ -24,9 +24,8 @@ import threading
 from pathlib import Path
 
 from .locate import _HERE, LIB_BASENAME, SOURCES  # noqa: F401 (re-exported)
-# graph_eval: the eval reader synchronizes the backend about this often (see
-# cb_token_eval_reader); 0 = after every graph node. Workload key graph_slice_us.
-DEFAULT_GRAPH_SLICE_US = 2000
+# graph_eval's default slice (setting graph_slice_us): declared with the settings, re-exported here
+from cancelbench.engine_decls import DEFAULT_GRAPH_SLICE_US  # noqa: E402,F401
 
 _P, _I64, _U64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64
 # (name, restype, argtypes) of every function cancel_token.h declares, in its order.

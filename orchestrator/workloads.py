@@ -14,6 +14,7 @@ from pathlib import Path
 
 from cancelbench.bargein import BargeinSettings
 from cancelbench.device_agents.engines.registry import BACKENDS, ENGINES, EXTERNAL, EngineSpec, external_spec
+from cancelbench.engine_decls import ALL_GPU_LAYERS, resolve_settings
 from cancelbench.inputs import expect_choice, expect_name
 from cancelbench.sut.declaration import Declaration, SettingError
 
@@ -54,8 +55,11 @@ class _WorkloadBase:
                 if getattr(self, s.name) is not None}
 
     def resolved_settings(self) -> dict:
-        """Every setting the engine declares: the config's value or the declared default."""
-        return self.spec.declaration.resolve(self.given_settings(), f"workload {self.name}")
+        """Every setting the engine declares: the config's value, the declared default or (built-in
+        engines) the value derived from the others; n_gpu_layers stays for the agent's device."""
+        if self.engine == EXTERNAL:
+            return self.spec.declaration.resolve(self.given_settings(), f"workload {self.name}")
+        return resolve_settings(self.engine, self.given_settings(), f"workload {self.name}")
 
     def engine_params(self) -> dict:
         """What the agent's engine is built from (the load payload, without locks)."""
@@ -65,11 +69,18 @@ class _WorkloadBase:
             d = {"engine": EXTERNAL, "settings": self.resolved_settings(), "command": list(self.command),
                  "cwd": self.cwd, "env": dict(self.env), "startup_timeout_s": self.startup_timeout_s,
                  "answer_timeout_s": self.answer_timeout_s, "run_timeout_s": self.run_timeout_s,
-                 "cancel_word": self.cancel_word,
+                 "cancel_word": self.cancel_word, "device_settings": self._device_settings(),
                  "contract": self.declaration.contract()}
         if self.spec.needs_model:
             d["model"], d["mmproj"] = self.model, self.mmproj
         return d
+
+    def _device_settings(self) -> list[str]:
+        """An external engine's settings that take the device's default when unset: n_gpu_layers,
+        where it declares one with no default of its own that admits all layers."""
+        s = self.declaration.setting("n_gpu_layers")
+        ok = s is not None and s.type == "int" and s.default is None and (s.max is None or s.max >= ALL_GPU_LAYERS)
+        return ["n_gpu_layers"] if ok else []
 
     def settings_columns(self) -> dict:
         """The settings columns the config alone decides; the engine's effective values
@@ -223,9 +234,11 @@ def _external_keys(raw: dict, where: str) -> dict:
 
 def _check_workload(spec: WorkloadSpec, where: str) -> None:
     """What no single setting says: sizes that must agree, files an engine needs."""
-    s = spec.resolved_settings() if spec.engine != EXTERNAL else {}
-    if s.get("n_ubatch") is not None and s["n_ubatch"] > s["n_batch"]:
-        raise ConfigError(f"{where}: n_ubatch ({s['n_ubatch']}) must be <= n_batch ({s['n_batch']})")
+    if spec.engine != EXTERNAL:  # sizes that must agree (n_ubatch <= n_batch, a prompt within n_ctx)
+        try:
+            spec.resolved_settings()
+        except SettingError as exc:
+            raise ConfigError(str(exc).replace(f"workload {spec.name}", where)) from None
     engine = spec.spec
     if engine.needs_mmproj and spec.model == WorkloadSpec.model:
         raise ConfigError(f"{where}: engine {spec.engine} needs 'model' (and 'mmproj')")

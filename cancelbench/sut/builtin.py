@@ -8,9 +8,10 @@ the process speaks the engine protocol (docs/sut-protocol.md) through
 * ``hello``: the engine's declaration (``ENGINES[name].declaration``; engine name
   ``cancelbench-<name>``).
 * ``load``: builds the engine as the in-process agent does, from the settings (a
-  ``None`` value: the engine's own default) plus the model paths (``models.model``,
-  ``models.mmproj``; the agent has verified them). ``n_gpu_layers`` left to the
-  engine is 0 (this process does not know its device). ``loaded.settings`` holds the
+  ``None`` value: resolved by the declarations, ``engine_decls.resolve_settings``) plus
+  the model paths (``models.model``, ``models.mmproj``; the agent has verified them).
+  The agent sends its device's ``n_gpu_layers`` where the workload sets none; one still
+  unset here is 0 (this process does not know its device). ``loaded.settings`` holds the
   effective values of declared settings the engine reports (``describe()``).
 * ``run``: a :class:`CancelControl` on a native :class:`CancelToken` and a
   :class:`Progress` whose listener turns the engine's phase and step-call events into
@@ -76,8 +77,7 @@ class BuiltinEngine:
     def workload(self, models: dict, settings: dict) -> dict:
         """The dict the in-process engine is built from: settings (None: the engine's
         default) plus the model paths."""
-        wl = {k: v for k, v in settings.items() if v is not None}
-        wl.setdefault("n_gpu_layers", 0)
+        wl = {k: v for k, v in settings.items() if v is not None}  # None: resolved by the engine
         wl.update({k: v for k, v in models.items() if k in ("model", "mmproj")})
         wl["engine"] = self.name
         return wl

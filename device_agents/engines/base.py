@@ -23,30 +23,23 @@ class EngineInputError(ValueError):
     """Bad input for an engine (empty text, wrong sample rate, missing model...)."""
 
 
-@dataclass(frozen=True)
-class LlamaSettings:
-    """The llama.cpp settings every speech engine takes from its workload."""
+# The llama.cpp settings every llama engine holds as attributes (engine_settings resolves them).
+LLAMA_SETTING_NAMES = ("n_threads", "n_ctx", "n_batch", "n_ubatch", "chunk_tokens", "n_gpu_layers",
+                       "use_extra_bufts", "graph_slice_us")
 
-    n_threads: int
-    n_ctx: int
-    n_batch: int
-    n_ubatch: int
-    chunk_tokens: int
-    n_gpu_layers: int
-    use_extra_bufts: bool
 
-    @classmethod
-    def from_workload(cls, workload: dict, *, n_batch: int, chunk_tokens: int, n_ctx: int = 2048) -> LlamaSettings:
-        """Workload values over the engine's defaults; sizes must be >= 1."""
-        n_batch = int(workload.get("n_batch", n_batch))
-        s = cls(n_threads=int(workload.get("n_threads", 2)), n_ctx=int(workload.get("n_ctx") or n_ctx),
-                n_batch=n_batch, n_ubatch=int(workload.get("n_ubatch") or n_batch),
-                chunk_tokens=int(workload.get("chunk_tokens", chunk_tokens)),
-                n_gpu_layers=int(workload.get("n_gpu_layers", 0)),
-                use_extra_bufts=bool(workload.get("use_extra_bufts", True)))
-        if min(s.n_batch, s.n_ubatch, s.chunk_tokens) < 1:
-            raise EngineInputError("n_batch, n_ubatch and chunk_tokens must be >= 1")
-        return s
+def engine_settings(kind: str, workload: dict) -> dict:
+    """Built-in engine ``kind``'s settings, resolved by the declarations' one home of defaults
+    (``cancelbench.engine_decls.resolve_settings``): an engine holds no default of its own. The
+    agent resolves n_gpu_layers for its device before it builds one; an engine built outside an
+    agent (tests, benchmarks, the protocol's builtin server) without it is on the CPU."""
+    from cancelbench.engine_decls import resolve_settings
+    from cancelbench.sut.declaration import SettingError
+
+    try:
+        return resolve_settings(kind, workload, f"engine {kind}", device_id="cpu")
+    except SettingError as exc:
+        raise EngineInputError(str(exc)) from None
 
 
 class Cancelled(Exception):

@@ -20,7 +20,7 @@ from cancelbench import native
 from cancelbench.request import TrialRequest
 
 from . import llama_runtime as rt
-from .base import CancelControl, EngineInputError
+from .base import LLAMA_SETTING_NAMES, CancelControl, EngineInputError, engine_settings
 from .registry import Mechanism, UnknownEngine, mechanism_for
 
 
@@ -43,7 +43,9 @@ class LlamaEngine:
 
     def __init__(self, workload: dict) -> None:
         self.workload = workload
-        self.graph_slice_us = rt.graph_slice_us(workload)
+        self.settings = engine_settings(self.kind, workload)
+        for name in LLAMA_SETTING_NAMES:  # n_threads, n_ctx, n_batch, ... as attributes
+            setattr(self, name, self.settings[name])
         self.model = None
         self._sets: dict[bool, ContextSet] = {}
         self.active: ContextSet | None = None

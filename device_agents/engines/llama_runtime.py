@@ -186,16 +186,6 @@ NATIVE_ABORT_READER = llama_cpp.ggml_abort_callback(native.reader_address())
 NATIVE_EVAL_READER = llama_cpp.ggml_backend_sched_eval_callback(native.eval_reader_address())
 
 
-def graph_slice_us(workload: dict) -> int:
-    """The workload's eval-reader slice (``graph_slice_us``; 0 = sync after every node)."""
-    raw = workload.get("graph_slice_us")
-    if raw is None:
-        return native.DEFAULT_GRAPH_SLICE_US
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-        raise EngineInputError(f"graph_slice_us must be an integer >= 0, got {raw!r}")
-    return raw
-
-
 def bind_graph_token(ctl: CancelControl, token: native.CancelToken, slice_us: int) -> None:
     """Make ``token`` (the one a hooked context polls) the trial's cancel token, with the
     workload's slice. A cancel already received stays latched (CancelControl.adopt_token)."""

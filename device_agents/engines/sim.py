@@ -27,15 +27,13 @@ Imports no llama.cpp: a sim agent is a small process.
 from __future__ import annotations
 
 from cancelbench import native
+from cancelbench.engine_decls import settings_record
 from cancelbench.request import TrialRequest
 
-from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial
+from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, engine_settings, finish_trial
 from .registry import ENGINES, UnknownEngine, mechanism_for
 
 PHASES = ENGINES["sim"].phases
-DEFAULT_PHASE_US = 20_000
-DEFAULT_GRANULARITY_US = 1_000
-DEFAULT_STEPS = 4
 
 
 class SimEngine:
@@ -43,16 +41,13 @@ class SimEngine:
     phases = PHASES
 
     def __init__(self, workload: dict) -> None:
-        self.phase_us = int(workload.get("sim_phase_us") or DEFAULT_PHASE_US)
-        self.granularity_us = int(workload.get("sim_granularity_us") or DEFAULT_GRANULARITY_US)
-        self.steps = int(workload.get("sim_steps") or DEFAULT_STEPS)
-        if self.phase_us < 1 or self.granularity_us < 1 or self.steps < 1:
-            raise EngineInputError("sim_phase_us, sim_granularity_us and sim_steps must be >= 1")
+        self.settings = engine_settings(self.kind, workload)
+        s = self.settings
+        self.phase_us, self.granularity_us, self.steps = s["sim_phase_us"], s["sim_granularity_us"], s["sim_steps"]
         self.last_waits: list[dict] = []  # the last trial's waits (k, start, end, duration, granularity)
 
     def describe(self) -> dict:
-        return {"engine": self.kind, "sim_phase_us": self.phase_us, "sim_granularity_us": self.granularity_us,
-                "sim_steps": self.steps}
+        return {"engine": self.kind, **settings_record(self.kind, self.settings)}
 
     def _waits(self, chunked: bool) -> list[tuple[str, int]]:
         """(phase, duration_us) of every native call of one trial, in order."""

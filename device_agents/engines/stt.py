@@ -30,7 +30,7 @@ that arm them — inside them:
 from __future__ import annotations
 
 import ctypes
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp
@@ -40,9 +40,10 @@ from cancelbench import native
 
 from . import llama_runtime as rt
 from . import mtmd_ext as X
+from cancelbench.engine_decls import settings_record
 from cancelbench.request import TrialRequest
 
-from .base import (Cancelled, CancelControl, EngineInputError, EngineResult, LlamaSettings, PhaseClock,
+from .base import (Cancelled, CancelControl, EngineInputError, EngineResult, PhaseClock,
                    finish_trial, sha256_of)
 from .llama_base import ContextSet, LlamaEngine
 from .registry import ENGINES
@@ -70,13 +71,9 @@ class SttEngine(LlamaEngine):
     phases = ENGINES["stt"].phases
 
     def __init__(self, workload: dict) -> None:
-        super().__init__(workload)
-        # n_threads, n_ctx, n_batch, n_ubatch, chunk_tokens, n_gpu_layers, use_extra_bufts as attributes
-        vars(self).update(asdict(LlamaSettings.from_workload(workload, n_batch=256, chunk_tokens=16)))
-        self.max_tokens = int(workload.get("max_tokens", 16))
-        self.system_prompt = str(workload.get("system_prompt", ""))
-        if self.max_tokens < 1:
-            raise EngineInputError("max_tokens must be >= 1")
+        super().__init__(workload)  # the resolved settings (n_batch, n_ctx, ...) as attributes
+        self.max_tokens = self.settings["max_tokens"]
+        self.system_prompt = self.settings["system_prompt"] or ""  # None: no system prompt
 
         model_path = rt.check_gguf(Path(workload["model"]), "model")
         mmproj = X.check_mmproj(workload.get("mmproj"), engine="stt")
@@ -88,7 +85,7 @@ class SttEngine(LlamaEngine):
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_embd_inp = llama_cpp.llama_model_n_embd_inp(self.model)
         self.use_gpu = self.n_gpu_layers > 0
-        self.mmproj_offload = bool(workload.get("mmproj_offload", True))
+        self.mmproj_offload = self.settings["mmproj_offload"]
         m0 = self._sets[False] = self._build_set(None)
         m0 = m0.handles["mctx"]
         if not M.mtmd_support_audio(m0):
@@ -118,10 +115,7 @@ class SttEngine(LlamaEngine):
         return (self.active or self._sets[False]).handles["batch"]
 
     def describe(self) -> dict:
-        return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
-                "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_tokens,
-                "n_gpu_layers": self.n_gpu_layers, "mmproj_offload": self.mmproj_offload, "use_extra_bufts": self.use_extra_bufts, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
-                "graph_slice_us": self.graph_slice_us, "system_prompt": self.system_prompt}
+        return {"engine": self.kind, **settings_record(self.kind, self.settings), "sample_rate": self.sample_rate}
 
     def load_audio(self, path: str):
         """16 kHz mono float samples of a WAV (validated and cached; no native call)."""

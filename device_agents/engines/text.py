@@ -26,10 +26,11 @@ import llama_cpp
 
 from cancelbench import native
 
+from cancelbench.engine_decls import settings_record
 from cancelbench.request import TrialRequest
 
 from . import llama_runtime as rt
-from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, finish_trial, sha256_of
+from .base import CancelControl, EngineInputError, EngineResult, PhaseClock, engine_settings, finish_trial, sha256_of
 from .llama_base import ContextSet, LlamaEngine
 from .registry import ENGINES
 
@@ -41,21 +42,9 @@ class TextEngine(LlamaEngine):
     phases = PHASES
 
     def __init__(self, workload: dict) -> None:
-        super().__init__(workload)
-        self.n_batch = int(workload.get("n_batch", 256))
-        self.n_ubatch = int(workload.get("n_ubatch") or self.n_batch)
-        self.chunk_tokens = int(workload.get("chunk_tokens", 32))
-        self.max_tokens = int(workload.get("max_tokens", 16))
-        self.prompt_tokens = int(workload.get("prompt_tokens", 256))
-        self.n_ctx = int(workload.get("n_ctx") or max(512, self.prompt_tokens + self.max_tokens + 8))
-        self.n_threads = int(workload.get("n_threads", 2))
-        self.n_gpu_layers = int(workload.get("n_gpu_layers") or 0)
-        self.use_extra_bufts = bool(workload.get("use_extra_bufts", True))
-        if self.prompt_tokens + self.max_tokens > self.n_ctx:
-            raise EngineInputError(f"prompt_tokens + max_tokens ({self.prompt_tokens + self.max_tokens}) "
-                                   f"exceeds n_ctx {self.n_ctx}")
-        if self.chunk_tokens < 1 or self.n_batch < 1 or self.n_ubatch < 1:
-            raise EngineInputError("n_batch, n_ubatch and chunk_tokens must be >= 1")
+        super().__init__(workload)  # the resolved settings (n_batch, n_ctx, ...) as attributes
+        self.max_tokens = self.settings["max_tokens"]
+        self.prompt_tokens = self.settings["prompt_tokens"]
         path = rt.check_gguf(Path(workload["model"]))
         rt.quiet_logs()
         self.model = rt.load_model(path, self.n_gpu_layers, self.use_extra_bufts)
@@ -72,11 +61,7 @@ class TextEngine(LlamaEngine):
             n_threads=self.n_threads, offload=self.n_gpu_layers > 0, eval_token=eval_token))
 
     def describe(self) -> dict:
-        return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
-                "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_tokens,
-                "prompt_tokens": self.prompt_tokens, "n_gpu_layers": self.n_gpu_layers,
-                "use_extra_bufts": self.use_extra_bufts,
-                "n_threads": self.n_threads, "graph_slice_us": self.graph_slice_us}
+        return {"engine": self.kind, **settings_record(self.kind, self.settings)}
 
     def prompt_for(self, text: str) -> list[int]:
         """Tokenize and repeat/trim to exactly ``prompt_tokens`` (BOS kept first)."""
@@ -178,13 +163,11 @@ class ProbeEngine:
     phases = ENGINES["probe"].phases
 
     def __init__(self, workload: dict) -> None:
-        self.duration_us = int(workload.get("duration_us", 200_000))
-        self.period_us = int(workload.get("period_us", 1_000))
-        if self.duration_us <= 0 or self.period_us <= 0:
-            raise EngineInputError("probe duration_us and period_us must be > 0")
+        self.settings = engine_settings(self.kind, workload)
+        self.duration_us, self.period_us = self.settings["duration_us"], self.settings["period_us"]
 
     def describe(self) -> dict:
-        return {"engine": self.kind, "duration_us": self.duration_us, "period_us": self.period_us}
+        return {"engine": self.kind, **settings_record(self.kind, self.settings)}
 
     def run(self, request: TrialRequest, ctl: CancelControl) -> EngineResult:
         clock = PhaseClock(ctl.progress)

@@ -41,7 +41,7 @@ duration.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -51,11 +51,12 @@ from llama_cpp import mtmd_cpp as M
 
 from cancelbench import native
 from cancelbench.datasets.qwen_common import C2W_WINDOW_FRAMES as WINDOW_FRAMES
+from cancelbench.engine_decls import settings_record
 from cancelbench.request import TrialRequest
 
 from . import llama_runtime as rt
 from . import mtmd_ext as X
-from .base import (Cancelled, CancelControl, EngineInputError, EngineResult, LlamaSettings, PhaseClock,
+from .base import (Cancelled, CancelControl, EngineInputError, EngineResult, PhaseClock,
                    finish_trial, sha256_of)
 from .llama_base import ContextSet, LlamaEngine
 from .registry import ENGINES
@@ -89,16 +90,10 @@ class TtsEngine(LlamaEngine):
     phases = ENGINES["tts"].phases
 
     def __init__(self, workload: dict) -> None:
-        super().__init__(workload)
-        # n_threads, n_ctx, n_batch, n_ubatch, chunk_tokens, n_gpu_layers, use_extra_bufts as attributes
-        vars(self).update(asdict(LlamaSettings.from_workload(workload, n_batch=32, chunk_tokens=4)))
-        self.max_frames = int(workload.get("max_frames", workload.get("max_tokens", 96)))
-        self.top_k = int(workload.get("top_k", 50))
-        self.temp = float(workload.get("temp", 0.9))
-        self.lang = str(workload.get("lang", "en"))
-        self.sampling_seed = int(workload.get("seed", 1234)) & 0xFFFFFFFF
-        if self.max_frames < 1:
-            raise EngineInputError("max_frames must be >= 1")
+        super().__init__(workload)  # the resolved settings (n_batch, n_ctx, ...) as attributes
+        s = self.settings
+        self.max_frames, self.top_k, self.temp, self.lang = s["max_frames"], s["top_k"], s["temp"], s["lang"]
+        self.sampling_seed = s["seed"] & 0xFFFFFFFF  # the sampler's seed is 32 bits
 
         model_path = rt.check_gguf(Path(workload["model"]), "model")
         mmproj = X.check_mmproj(workload.get("mmproj"), engine="tts")
@@ -111,7 +106,7 @@ class TtsEngine(LlamaEngine):
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_embd = llama_cpp.llama_model_n_embd(self.model)
         self.use_gpu = self.n_gpu_layers > 0
-        self.mmproj_offload = bool(workload.get("mmproj_offload", True))
+        self.mmproj_offload = s["mmproj_offload"]
         plain = self._sets[False] = self._build_set(None)
         info = M.mtmd_gen_audio_get_info(plain.handles["mctx"])
         if info.type != M.MTMD_GEN_AUDIO_TYPE_QWEN3TTS:
@@ -152,12 +147,8 @@ class TtsEngine(LlamaEngine):
         return spf
 
     def describe(self) -> dict:
-        return {"engine": self.kind, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
-                "chunk_tokens": self.chunk_tokens, "max_tokens": self.max_frames, "max_frames": self.max_frames,
-                "n_gpu_layers": self.n_gpu_layers, "mmproj_offload": self.mmproj_offload, "use_extra_bufts": self.use_extra_bufts, "n_threads": self.n_threads, "sample_rate": self.sample_rate,
-                "samples_per_frame": self.samples_per_frame, "window_frames": WINDOW_FRAMES,
-                "graph_slice_us": self.graph_slice_us, "temp": self.temp, "top_k": self.top_k,
-                "sampling_seed": self.sampling_seed, "lang": self.lang}
+        return {"engine": self.kind, **settings_record(self.kind, self.settings), "sample_rate": self.sample_rate,
+                "samples_per_frame": self.samples_per_frame, "window_frames": WINDOW_FRAMES}
 
     def _new_sampler(self, seed: int):
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
