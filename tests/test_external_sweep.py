@@ -110,6 +110,17 @@ def test_python_c_and_in_process_engines_sweep_alike(local_ray, tmp_path, plan, 
             # the kernel's run delay over each forwarded cancel (the outcome rule's allowance), on Linux
             forwarded = cancels[cancels.t_cancel_forwarded_ns.notna()]
             assert len(forwarded) and (forwarded.cancel_stall_ns >= 0).all(), forwarded.cancel_stall_ns
+        # Progress at receipt: the in-process engine's own snapshot, the engine library's done.at_receipt
+        # (protocol 1.2), and null for the C engine that sends none (never the agent's 0)
+        took = landed[landed.t_received_ns.notna()]
+        if w == "c-text":
+            assert took.tokens_generated_at_receipt.isna().all() and took.input_tokens_done_at_receipt.isna().all()
+        else:
+            assert took.tokens_generated_at_receipt.between(0, 4).all(), took.tokens_generated_at_receipt
+            assert took.input_tokens_done_at_receipt.between(0, PROMPT_TOKENS).all()
+            in_generate = took[took.phase_at_receipt == "generate"]  # the prompt was decoded before it
+            assert len(in_generate) and (in_generate.input_tokens_done_at_receipt == PROMPT_TOKENS).all()
+        assert took.frames_generated_at_receipt.isna().all()  # a text engine has no frames
         # Cancels aimed at the long prefill under the abort reader: received while a step call ran
         # (the agent's view of the engine), and stopped inside llama_decode by the engine's own reader.
         aborts = cancels[(cancels.mechanism == "abort_callback") & (cancels.target_phase == "prefill")]

@@ -117,3 +117,38 @@ def test_a_sim_and_probe_engine_describe_every_declared_setting():
     assert sim.describe() == {"engine": "sim", "sim_phase_us": 20_000, "sim_granularity_us": 1_000, "sim_steps": 3}
     probe = ProbeEngine({"period_us": 500})
     assert probe.describe() == {"engine": "probe", "duration_us": 200_000, "period_us": 500}
+
+
+def test_the_device_default_reaches_built_in_and_declaring_external_engines():
+    """The agent's device default for an unset n_gpu_layers: a built-in engine's key, an external
+    engine's settings where the driver found it declared to take it, never a value a workload set."""
+    from cancelbench.engine_decls import ALL_GPU_LAYERS, on_device
+
+    assert on_device({"engine": "text"}, "vulkan0")["n_gpu_layers"] == ALL_GPU_LAYERS
+    assert on_device({"engine": "text", "n_gpu_layers": 3}, "vulkan0")["n_gpu_layers"] == 3
+    assert on_device({"engine": "text", "n_gpu_layers": None}, "cpu0")["n_gpu_layers"] == 0
+    ext = {"engine": "external", "settings": {"n_gpu_layers": None, "n_threads": 2}, "device_settings": ["n_gpu_layers"]}
+    assert on_device(ext, "cuda0")["settings"] == {"n_gpu_layers": ALL_GPU_LAYERS, "n_threads": 2}
+    assert ext["settings"]["n_gpu_layers"] is None  # the driver's payload is not changed
+    undeclared = {"engine": "external", "settings": {"n_gpu_layers": None}, "device_settings": []}
+    assert on_device(undeclared, "cuda0")["settings"] == {"n_gpu_layers": None}
+
+
+@pytest.mark.parametrize("setting, takes", [
+    ({"name": "n_gpu_layers", "type": "int", "default": None, "min": -1, "max": 100000}, True),
+    ({"name": "n_gpu_layers", "type": "int", "default": None}, True),
+    ({"name": "n_gpu_layers", "type": "int", "default": 0}, False),  # the engine's own default
+    ({"name": "n_gpu_layers", "type": "int", "default": None, "min": 0, "max": 40}, False),  # 999 out of bounds
+    ({"name": "n_gpu_layers", "type": "bool", "default": None}, False),
+])
+def test_an_external_engine_takes_the_device_default_only_where_its_declaration_admits_it(setting, takes):
+    import dataclasses
+
+    from orchestrator.workloads import WorkloadSpec
+    from cancelbench.sut.declaration import Declaration
+
+    decl = Declaration.from_hello({"type": "hello", "protocol": 1, "engine": {"name": "e", "version": "1"},
+                                   "clock": "monotonic", "input": "text", "phases": [{"name": "p", "steps": False}],
+                                   "mechanisms": [{"name": "between_calls", "reaches": ""}], "settings": [setting]})
+    spec = dataclasses.replace(WorkloadSpec(name="w", engine="external", command=("e",), model=None), declaration=decl)
+    assert spec.engine_params()["device_settings"] == (["n_gpu_layers"] if takes else [])

@@ -24,7 +24,8 @@ the process speaks the engine protocol (docs/sut-protocol.md) through
   (``ctl.native_returned_ns``), a ``cancel_seen`` event from ``token.seen_ns``, and
   counters ``decode_rc``, ``abort_polls``, ``n_input_tokens``, ``tokens_generated``,
   ``frames_generated`` and, for the known-answer engines (sim, probe),
-  ``known_answer_error_ns``.
+  ``known_answer_error_ns``; with a receipt, ``at_receipt`` from the progress the
+  engine's :class:`CancelControl` took then.
 
 Input: ``run.input`` is the prompt text (text, tts), the WAV path (stt), ignored
 (sim, probe).
@@ -35,6 +36,7 @@ from __future__ import annotations
 import sys
 
 from cancelbench.request import TrialRequest
+from cancelbench.sut.protocol import AT_RECEIPT_FIELDS
 
 from .declaration import Declaration, MechanismInfo, Phase
 from .server import Result, Trial, main as serve_main
@@ -155,8 +157,9 @@ class BuiltinEngine:
         if isinstance(res.output, dict) and res.output.get("known_answer_error_ms") is not None:
             counters["known_answer_error_ns"] = round(res.output["known_answer_error_ms"] * 1e6)
         phase = res.phase_at_terminal if res.phase_at_terminal in self.declaration.phase_names else None
+        at_receipt = {k: ctl.at_receipt.get(f"{k}_at_receipt") for k in AT_RECEIPT_FIELDS}
         return Result(res.outcome, t_terminal_ns=res.t_terminal_ns, phase=phase, output_sha256=res.output_sha256,
-                      counters=counters, native_returned_ns=ctl.native_returned_ns)
+                      counters=counters, native_returned_ns=ctl.native_returned_ns, at_receipt=at_receipt)
 
 
 ENGINE_NAMES = ("text", "tts", "stt", "probe", "sim")

@@ -40,6 +40,9 @@ CANCEL_SEQ_MAX = (1 << 53) - 1  # run.cancel_seq: exact in every JSON parser (a 
 # Capabilities an engine may declare in hello (an unknown one is ignored): "cancel_word", the shared
 # cancel word (docs/sut-protocol.md, "The shared cancel word").
 CAPABILITIES = ("cancel_word",)
+# 1.2: done.at_receipt's fields, the engine's progress when it took the cancel; each fills the record
+# column <name>_at_receipt (docs/sut-protocol.md, the done fields).
+AT_RECEIPT_FIELDS = ("input_tokens_done", "tokens_generated", "frames_generated")
 
 
 class ProtocolError(ValueError):
@@ -125,6 +128,15 @@ class CancelSeen(_Object):
     t: Int64
 
 
+NonNegInt64 = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+
+
+class AtReceipt(_Object):
+    input_tokens_done: NonNegInt64 = 0
+    tokens_generated: NonNegInt64 = 0
+    frames_generated: NonNegInt64 = 0
+
+
 class Done(_Object):
     trial: TrialId
     outcome: Literal["completed", "cancelled", "error"]
@@ -136,6 +148,7 @@ class Done(_Object):
     error: str = ""
     counters: dict[str, Int64] = None
     cancel_via: Literal["word", "line"] = "line"
+    at_receipt: AtReceipt = None
 
 
 class Error(_Object):

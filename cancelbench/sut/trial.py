@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from cancelbench import native
+from cancelbench.sut.protocol import AT_RECEIPT_FIELDS
 
 if TYPE_CHECKING:
     from .server import Server
@@ -27,7 +28,8 @@ class Result:
     ``t_terminal_ns`` defaults to when the trial's terminal decision was taken
     (:meth:`Trial.terminal`, called by the server when run returns if the engine did
     not); ``phase`` to the last phase entered. ``counters`` are name -> int (None
-    values are left out)."""
+    values are left out); so is ``at_receipt``, the engine's progress when it took the
+    cancel (``protocol.AT_RECEIPT_FIELDS``), sent only with a receipt."""
 
     outcome: str  # completed | cancelled | error
     t_terminal_ns: int | None = None
@@ -36,6 +38,7 @@ class Result:
     error: str | None = None
     counters: dict[str, int | None] = field(default_factory=dict)
     native_returned_ns: int | None = None
+    at_receipt: dict[str, int | None] = field(default_factory=dict)
 
 
 def one_line(text: str, limit: int = ERROR_MAX) -> str:
@@ -210,6 +213,9 @@ class Trial:
         if self.cancel_received_ns is not None:
             msg["cancel_received_t"] = self.cancel_received_ns
             msg["cancel_via"] = self.cancel_via or "line"
+            at_receipt = {k: int(v) for k, v in result.at_receipt.items() if k in AT_RECEIPT_FIELDS and v is not None}
+            if at_receipt:
+                msg["at_receipt"] = at_receipt
         if result.native_returned_ns is not None:
             msg["native_returned_t"] = int(result.native_returned_ns)
         if result.output_sha256 is not None:

@@ -20,6 +20,7 @@ import queue
 from cancelbench import native
 from cancelbench.request import TrialRequest
 from cancelbench.sut.client import EngineError, EngineProcess, Received, in_trial
+from cancelbench.sut.protocol import AT_RECEIPT_FIELDS
 
 from .base import CancelControl, EngineInputError, EngineResult
 
@@ -235,8 +236,10 @@ class ExternalEngine:
             "engine_cancel_via": msg.get("cancel_via") if msg.get("cancel_received_t") is not None else None,
         }
         self._columns = {k: v for k, v in self._columns.items() if v is not None or k == "t_native_observed_ns"}
-        # The protocol has no progress at receipt (yet): unknown, never the agent's 0 (laid over its snapshot)
-        self._columns.update(tokens_generated_at_receipt=None, input_tokens_done_at_receipt=None)
+        # Progress at receipt is the engine's done.at_receipt (1.2, bounds checked by the decode) or unknown:
+        # never the agent's own 0, over which these are laid
+        at_receipt = (msg.get("at_receipt") or {}) if msg.get("cancel_received_t") is not None else {}
+        self._columns.update({f"{k}_at_receipt": at_receipt.get(k) for k in AT_RECEIPT_FIELDS})
         self._columns.update(self._checked_stamps(msg, got, forwarded, counters))
         self._columns["abort_polls"] = counters.get("abort_polls")
         if msg["outcome"] == "error":
