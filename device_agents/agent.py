@@ -121,13 +121,17 @@ class DeviceAgent:
         return None if watch.t_anchor_ns is None else (watch.t_anchor_ns, watch.delay_ns)
 
     @ray.method(concurrency_group=CONTROL)
-    def next_phase_entry(self, trial_id: str) -> tuple[str, int] | None:
+    def next_phase_entry(self, trial_id: str, first: bool = False) -> tuple[str, int] | None:
         """(phase, t_entry_ns) of the reference run's first phase entry after this call
-        arrived; None if it ended without one (or feeds no phases). Asked again at once
-        after each answer, it lets the driver time a cancel path from each phase entry."""
+        arrived (``first``: the run's first entry, whenever the call arrived); None if it ended
+        without one (or feeds no phases). Asked again at once after each answer, it lets the
+        driver time a cancel path from each phase entry."""
         from cancelbench import native
 
-        since = native.now_ns()
+        # The first question is sent before the run, but this group runs beside the trial's, so it
+        # may arrive after the run entered its first phase: answered from the run's start, as
+        # `anchor` answers a cancel trial's, it times that phase as an anchored cancel travels.
+        since = 0 if first else native.now_ns()
         with self._changed:
             self._changed.wait_for(lambda: trial_id in self._feeds or trial_id in self._finished)
             feed = self._feeds.get(trial_id)

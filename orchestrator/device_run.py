@@ -232,7 +232,7 @@ class DeviceRun:
         feed = (trial.trial_kind == "reference" and self.sweep.timer is not None
                 and self.sweep.config.offsets.kind.anchored)
         probing = asyncio.ensure_future(self._probe_phase_entries(
-            trial.workload, trial.trial_id, self.agent.next_phase_entry.remote(trial.trial_id))) if feed else None
+            trial.workload, trial.trial_id, self.agent.next_phase_entry.remote(trial.trial_id, first=True))) if feed else None
         if probing is not None:  # an agent that died mid-run fails it too: the trial's record says so
             probing.add_done_callback(lambda f: f.cancelled() or f.exception())
         ref = self.agent.run_trial.remote(self._request(trial, at, feed_phases=feed))

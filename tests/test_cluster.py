@@ -162,7 +162,7 @@ def test_phase_plan_aims_at_every_phase(ray_cluster, tmp_path):
     assert (c.target_window_ms > 0).all() and (c.delivery_reach_ms > 0).all()
     assert c.target_reachable.eq(c.target_window_ms - c.offset_target_ms > c.delivery_reach_ms).all()
     # the driver timed the cancel path from each reference's phase entries: prefill, entered at
-    # the trial's start, is caught (the question waits on the agent before the trial starts)
+    # the trial's start, is caught (the first question is answered from the run's start)
     probes = df[df.trial_kind == "reference"].round_trip_probes_ms_json.map(json.loads)
     assert len(probes) == 3 and all("prefill" in p and set(p) <= {"prefill", "generate"} for p in probes)
     assert all(ms > 0 for p in probes for trips in p.values() for ms in trips)
