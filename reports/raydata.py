@@ -80,6 +80,7 @@ def ensure_ray(address: str | None = None) -> None:
 
     import ray
 
+    _quiet_worker_count_warning()
     if not ray.is_initialized():  # quiet: Ray's INFO lines are not the report's (a failure still says why)
         address = address or os.environ.get("RAY_ADDRESS")
         if address:
@@ -92,6 +93,38 @@ def ensure_ray(address: str | None = None) -> None:
 
     DataContext.get_current().enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # per-dataset INFO lines, "progress bars disabled"
+
+
+_NOISE = "PYTHON worker processes have been started on node"
+
+
+def _quiet_worker_count_warning() -> None:
+    """The raylet's "N PYTHON worker processes have been started ... Kx the maximum expected startup
+    concurrency" reaches the driver on Ray's error channel, which Ray prints to stdout whatever
+    ``log_to_driver`` says: in the middle of the report (CI: Ray Data's tasks and actors started 8-12
+    workers on a 2-CPU node). That one message goes to the log at DEBUG; every other raylet message
+    (a worker killed, out of memory) is still printed, on stderr, never in the report."""
+    import logging
+    import sys
+
+    from ray._private import worker
+
+    printer = worker.print_to_stdstream
+    if getattr(printer, "cancelbench_quiet", False):
+        return
+
+    def print_to_stdstream(data, ignore_prefix: bool):
+        if data.get("pid") != "raylet":
+            return printer(data, ignore_prefix)
+        for line in data.get("lines", ()):
+            if _NOISE in line:
+                logging.getLogger("ray").debug("%s", line)
+            else:
+                print(f"(raylet) {line}", file=sys.stderr)
+        return None
+
+    print_to_stdstream.cancelbench_quiet = True
+    worker.print_to_stdstream = print_to_stdstream  # looked up at each message by listen_error_messages
 
 
 def build_report_ray(scan: Scan, spec: ReportSpec, filters: Filters = Filters(),

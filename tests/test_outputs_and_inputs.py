@@ -456,3 +456,25 @@ def test_report_on_ray_prints_no_ray_log_lines(ds):
     r = cancelbench("report", ds, "--engine", "ray", timeout=600)
     assert r.returncode == 0 and r.stderr == "", r.stderr[-3000:]
     assert r.stdout == cancelbench("report", ds).stdout
+
+
+def test_the_raylets_worker_count_warning_never_reaches_the_report(capsys):
+    """Ray prints the raylet's messages to stdout whatever log_to_driver says (CI: its "8 PYTHON
+    worker processes have been started" landed inside `report --engine ray`'s output). Through
+    Ray's own printer: that warning is dropped, any other raylet message goes to stderr."""
+    from ray._private import worker
+
+    from cancelbench.reports.raydata import _quiet_worker_count_warning
+
+    before = worker.print_to_stdstream
+    try:
+        _quiet_worker_count_warning()
+        _quiet_worker_count_warning()  # idempotent: not wrapped twice
+        assert worker.print_to_stdstream.cancelbench_quiet and worker.print_to_stdstream is not before
+        for line in ("WARNING: 12 PYTHON worker processes have been started on node: n with address: 127.0.0.1",
+                     "A worker died or was killed"):
+            worker.print_to_stdstream({"lines": [line], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+        out, err = capsys.readouterr()
+        assert out == "" and err == "(raylet) A worker died or was killed\n"
+    finally:
+        worker.print_to_stdstream = before
