@@ -49,8 +49,9 @@ from .outcome import (DEFECT_OUTCOMES, OUTCOMES, STOP_COLUMNS, classify_outcome,
 # (cancel_reach_ns, drop_margin_ms, error_detail; no latency on a completed row); 8: the shared cancel word
 # (engine_cancel_path, engine_cancel_via); 9: the whole trial's span and steal (trial_run_wall_ms,
 # host_run_steal_ms: the noise check's steal); 10: cancel_stall_ns (the outcome rule's allowance for a cancel
-# held off a CPU); readers accept older versions (new columns null)
-SCHEMA_VERSION = 10
+# held off a CPU); 11: trial_cpu_source (an external engine's trial-thread figures, engine-reported: protocol
+# 1.3); readers accept older versions (new columns null)
+SCHEMA_VERSION = 11
 
 # Partition columns of the hive-partitioned dataset (values sanitized for paths).
 PARTITION_COLUMNS = ("backend", "host")

@@ -50,8 +50,14 @@ included: ``trial_cpu_wait_ms`` can exceed ``cpu_window_ms``, hence the cap. (3)
 ``n_threads > 1`` the trial thread is one of llama.cpp's compute threads: its work includes
 spinning at ggml's barrier for a peer, so a preempted peer shows as *work* here (and as wait in
 ``engine_cpu_wait_ms``); with one thread the split is the engine's own. (4) External engines:
-the agent does not know their trial thread, so they have no split (their process-wide columns
-are filled).
+the agent cannot read another process's thread CPU clock, so the trial-thread columns are the
+engine's own readings (protocol 1.3 ``done.cpu`` and ``cancel_seen.cpu_t``/``where``;
+``trial_cpu_source`` = ``engine-reported``), checked by the agent against the span it saw
+(device_agents/engines/engine_cpu.py) and never read by a verdict. Their ``cpu_window_ms`` is
+the engine's receipt -> terminal span (its readings are taken at those stamps). A receipt the
+native reader latched from the shared word has the latching reader's CPU stamp and no run delay
+(nothing reads schedstat inside a reader), so its ``trial_cpu_wait_ms`` is null; an engine that
+sends no ``done.cpu`` has no split (its process-wide columns are filled).
 
 The receipt snapshot's cost (``cpu_snapshot_us``, on the cancel's thread, after the cancel was
 set) is the trial thread's read (a clock read and a ``pread``, a few microseconds) plus the
@@ -95,36 +101,43 @@ CPU_FIELDS: list[tuple] = [
      "between its receipt read (on the cancel's thread, under the cancel's lock right after the cancel was set) "
      "and its terminal read (on the trial thread, first thing after t_terminal), ms: its thread CPU clock "
      "(pthread_getcpuclockid, up to date). With n_threads > 1 it includes spinning at ggml's barrier for a "
-     "peer thread (a preempted peer shows as work here and as wait in engine_cpu_wait_ms). Null for external "
-     "engines (their trial thread is not known to the agent) and records before it"),
+     "peer thread (a preempted peer shows as work here and as wait in engine_cpu_wait_ms). External engines: "
+     "their own readings (done.cpu receipt_cpu -> terminal_cpu; trial_cpu_source engine-reported); null where the "
+     "engine sends none, and records before it"),
     ("trial_cpu_wait_ms", _F64, "cpu", "CPU wait: the trial thread's run delay between the same reads "
      "(/proc/<pid>/task/<tid>/schedstat, added when a wait ends: a wait in progress at the receipt read is "
-     "counted whole), ms"),
+     "counted whole), ms; null for an external engine's receipt latched from the shared word (no run delay read then)"),
     ("cpu_window_ms", _F64, "cpu", "the span of those two reads on the agent's monotonic clock, ms: what "
      "trial_cpu_ms and trial_cpu_wait_ms cover; latency_ms - cpu_window_ms is the part of the wall-clock "
-     "residue they miss (the cancel's lock and token set before the receipt read)"),
+     "residue they miss (the cancel's lock and token set before the receipt read); external engines: the engine's "
+     "receipt -> terminal span on its clock"),
     ("trial_observe_cpu_ms", _F64, "cpu", "engine work before the cancel was seen: the trial thread's CPU clock when "
      "graph_eval's eval reader first saw the token (stamped in native code on the thread that computes the graph, "
      "the trial thread: ggml's scheduler calls back on its caller) minus its receipt read, ms (0 where the reader "
      "saw the token before the receipt read). Its part of trial_cpu_ms ran where no node was polled: the rest of "
      "the range in flight, or an unpolled stretch (a graph's tail, the caller's work between two graphs). Null for "
-     "other mechanisms, a cancel no eval reader saw, external engines"),
+     "other mechanisms, a cancel no eval reader saw, an external engine that sends no cancel_seen.cpu_t"),
     ("native_seen_where", _STR, "cpu", "where graph_eval's eval reader first saw the token (native stamp): "
      "range_end (at the sync of a node range it asked to see: the cancel came while that range was computed, so the "
      "stop waits for the range) | next_ask (at the next node asked: the cancel came where no sync was due, a graph's "
      "unsynced tail or the engine's own work between or before graphs, such as building the next graph, which no "
      "node reader can poll; trial_observe_cpu_ms is that stretch's work). Null for other mechanisms and external "
-     "engines"),
+     "engines that send no cancel_seen.where"),
     ("trial_run_cpu_ms", _F64, "cpu", "the trial thread's CPU time over the whole trial, every trial (references too): "
      "from run_trial entered to the record's columns taken right after the engine's run, ms (its thread CPU clock; "
-     "in-process engines only)"),
+     "external engines: their done.cpu run -> end readings)"),
     ("trial_run_wait_ms", _F64, "cpu", "the trial thread's run delay (schedstat) over the same span, ms: with "
      "trial_run_cpu_ms, how much of its runnable time the engine's thread waited for a CPU over a whole sweep "
      "(diff and trend compare it between sweeps: reports/noise.py)"),
-    ("trial_run_wall_ms", _F64, "cpu", "the same span on the agent's monotonic clock, ms (in-process engines only)"),
+    ("trial_run_wall_ms", _F64, "cpu", "the same span on the agent's monotonic clock, ms (external engines: the "
+     "agent's run write to its done read)"),
     ("host_run_steal_ms", _F64, "cpu", "steal time over the same span, all CPUs summed (/proc/stat, USER_HZ ticks: "
      "10 ms resolution), ms: with trial_run_wall_ms, the CPUs the hypervisor took over a whole sweep (a residue "
      "alone is shorter than one tick); null where the kernel reports no steal field or the engine is external"),
+    ("trial_cpu_source", _STR, "cpu", "who read the trial-thread columns (trial_cpu_ms, trial_cpu_wait_ms, "
+     "cpu_window_ms, trial_observe_cpu_ms, trial_run_*): agent (in process: the agent read its own thread) | "
+     "engine-reported (an external engine's done.cpu and cancel_seen.cpu_t, protocol 1.3, checked against the "
+     "span the agent saw: descriptive, no verdict reads them); null where none was read"),
     ("cpu_account_source", _STR, "cpu", "where the cpu columns come from: schedstat | unavailable: <why> (macOS, a "
      "kernel without CONFIG_SCHED_INFO, the engine process gone); null when no cancel was received"),
 ]

@@ -352,7 +352,7 @@ class Window:
         if before is None or after is None:
             return {}
         return {"trial_cpu_ms": (after[1] - before[1]) / 1e6, "trial_cpu_wait_ms": (after[2] - before[2]) / 1e6,
-                "cpu_window_ms": (after[0] - before[0]) / 1e6}
+                "cpu_window_ms": (after[0] - before[0]) / 1e6, "trial_cpu_source": "agent"}
 
     def observe_columns(self, seen_cpu_ns: int, seen_where: str | None) -> dict:
         """``trial_observe_cpu_ms``: the trial thread's CPU clock at the eval reader's first sight of
@@ -372,7 +372,8 @@ class Window:
         steal1 = _steal_ticks() if self._steal0 is not None else None
         return {"trial_run_cpu_ms": (end[1] - self._run0[1]) / 1e6, "trial_run_wait_ms": (end[2] - self._run0[2]) / 1e6,
                 "trial_run_wall_ms": (end[0] - self._run0[0]) / 1e6,
-                "host_run_steal_ms": None if steal1 is None else (steal1 - self._steal0) * _TICK_MS}
+                "host_run_steal_ms": None if steal1 is None else (steal1 - self._steal0) * _TICK_MS,
+                "trial_cpu_source": "agent"}
 
     def columns(self) -> dict:
         """The record's columns: the whole trial's trial-thread figures, and the window's (none

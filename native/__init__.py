@@ -70,6 +70,9 @@ SIGNATURES: tuple[tuple[str, type | None, tuple[type, ...]], ...] = (
     ("cb_word_store", None, (_P, _U64)),
     ("cb_token_watch", None, (_P, _P, _U64)),
     ("cb_token_set_by_word", ctypes.c_int, (_P,)),
+    ("cb_token_word_cpu_ns", _I64, (_P,)),
+    ("cb_token_word_thread", _U64, (_P,)),
+    ("cb_thread_id", _U64, ()),
 )
 
 
@@ -115,6 +118,11 @@ def now_ns() -> int:
     """Agent clock: CLOCK_MONOTONIC in ns, the same clock the token stamps use."""
     lib = _LIB  # the hot path skips the accessor's call once loaded
     return (lib if lib is not None else _lib()).cb_now_ns()
+
+
+def thread_id() -> int:
+    """The calling thread's id as cancel_token.c numbers it (cb_thread_id: Linux gettid), 0 where none."""
+    return _lib().cb_thread_id()
 
 
 def reader_address() -> int:
@@ -191,6 +199,13 @@ class CancelToken:
     def set_by_word(self) -> bool:
         """The flag was latched from the watched word (before any :meth:`set`)."""
         return bool(_lib().cb_token_set_by_word(self._ptr))
+
+    @property
+    def word_latch(self) -> tuple[int, int] | None:
+        """(the CPU clock, cb_thread_id) of the thread whose reader latched the word, at the latch;
+        None: not latched from the word (ABI 1.2)."""
+        cpu = _lib().cb_token_word_cpu_ns(self._ptr)
+        return (cpu, _lib().cb_token_word_thread(self._ptr)) if cpu else None
 
     @property
     def address(self) -> int:

@@ -21,6 +21,11 @@
 #include <errno.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <pthread.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 #if defined(__x86_64__) || defined(__i386__)
 #include <x86intrin.h>
 #endif
@@ -47,6 +52,8 @@ struct cb_token {
     const _Atomic uint64_t *_Atomic word;
     _Atomic uint64_t word_seq;
     _Atomic int set_by_word;   /* the flag was latched from the word, before any cb_token_set */
+    _Atomic int64_t word_cpu_ns;   /* the latching reader's thread CPU clock at the latch; 0 = not latched */
+    _Atomic uint64_t word_thread;  /* that thread's cb_thread_id */
     /* eval reader (cb_token_eval_reader), see there */
     _Atomic int64_t slice_ns;      /* configuration: target time between syncs; 0 = every node */
     _Atomic uint64_t syncs;        /* node ranges the reader asked to see (each one computed + synchronized) */
@@ -101,6 +108,26 @@ CB_EXPORT int64_t cb_now_ns(void) {
            + atomic_load_explicit(&cb_clock_skew_ns, memory_order_relaxed);
 }
 
+/* The calling thread's CPU time (ns): a range's wall time minus this is time the
+ * graph thread waited (for a CPU, or on compute threads of its own). */
+static int64_t cb_thread_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
+}
+
+/* The calling thread's id (cancel_token.h). */
+CB_EXPORT uint64_t cb_thread_id(void) {
+#if defined(__linux__)
+    return (uint64_t)syscall(SYS_gettid);
+#elif defined(__APPLE__)
+    uint64_t id = 0;
+    return pthread_threadid_np(NULL, &id) == 0 ? id : 0;
+#else
+    return 0;
+#endif
+}
+
 CB_EXPORT cb_token *cb_token_new(void) {
     cb_token *t = (cb_token *)calloc(1, sizeof(cb_token));
     if (t) t->probe_key = -1;
@@ -125,6 +152,8 @@ CB_EXPORT void cb_token_reset(cb_token *t) {
     atomic_store_explicit(&t->word, NULL, memory_order_relaxed);
     atomic_store_explicit(&t->word_seq, 0, memory_order_relaxed);
     atomic_store_explicit(&t->set_by_word, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->word_cpu_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->word_thread, 0, memory_order_relaxed);
     atomic_store_explicit(&t->set_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&t->seen_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&t->seen_cpu_ns, 0, memory_order_relaxed);
@@ -191,10 +220,22 @@ static bool cb_flag(cb_token *t, memory_order order) {
     if (atomic_load_explicit(w, memory_order_acquire) != atomic_load_explicit(&t->word_seq, memory_order_relaxed))
         return false;
     int64_t zero = 0;
-    if (atomic_compare_exchange_strong(&t->set_ns, &zero, cb_now_ns()))
+    if (atomic_compare_exchange_strong(&t->set_ns, &zero, cb_now_ns())) {
         atomic_store_explicit(&t->set_by_word, 1, memory_order_relaxed);
+        /* once per trial, at the latch (after set_ns, so the stop's clock starts first) */
+        atomic_store_explicit(&t->word_cpu_ns, cb_thread_cpu_ns(), memory_order_relaxed);
+        atomic_store_explicit(&t->word_thread, cb_thread_id(), memory_order_relaxed);
+    }
     atomic_store_explicit(&t->flag, 1, memory_order_release);
     return true;
+}
+
+CB_EXPORT int64_t cb_token_word_cpu_ns(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->word_cpu_ns, memory_order_relaxed);
+}
+
+CB_EXPORT uint64_t cb_token_word_thread(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->word_thread, memory_order_relaxed);
 }
 
 CB_EXPORT bool cb_token_is_set(const cb_token *t) {
@@ -468,13 +509,6 @@ CB_EXPORT double cb_node_work(const void *tensor) {
 #define CB_KEY_STALE_SYNCS 256
 #endif
 
-/* The calling thread's CPU time (ns): a range's wall time minus this is time the
- * graph thread waited (for a CPU, or on compute threads of its own). */
-static int64_t cb_thread_cpu_ns(void) {
-    struct timespec ts;
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
-    return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
-}
 
 /* The eval reader's stamp: seen_ns, the graph thread's CPU clock with it, and where. The eval
  * reader runs on the thread that computes the graph (the caller's: ggml's scheduler calls back

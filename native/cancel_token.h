@@ -39,6 +39,7 @@
  *          serialized with cb_token_set by the caller (a set racing a reset
  *          can be lost; cancelbench holds the control's lock across both).
  *   Clears (trial state): the flag, the watched word (cb_token_watch), set_by_word,
+ *          word_cpu_ns, word_thread,
  *          set_ns, seen_ns, seen_cpu_ns, seen_where, polls, syncs,
  *          max_range_ns, the debug counters (probes, reprobes, max_range_est_ns,
  *          max_range_cpu_ns), and
@@ -62,7 +63,7 @@
 #include <stdint.h>
 
 #define CANCELBENCH_ABI_VERSION_MAJOR 1
-#define CANCELBENCH_ABI_VERSION_MINOR 1
+#define CANCELBENCH_ABI_VERSION_MINOR 2
 /* major * 1000 + minor: what cb_abi_version() returns from this build */
 #define CANCELBENCH_ABI_VERSION (CANCELBENCH_ABI_VERSION_MAJOR * 1000 + CANCELBENCH_ABI_VERSION_MINOR)
 
@@ -182,6 +183,18 @@ CB_EXPORT void cb_token_watch(cb_token *t, const void *word, uint64_t seq);
 /* 1 if the flag was latched from the watched word (a reader found *word == seq
  * before any cb_token_set), else 0. Cleared by reset. Any thread. */
 CB_EXPORT int cb_token_set_by_word(const cb_token *t);
+
+/* ABI 1.2: the latch's stamps, for the stop's CPU account (docs/sut-protocol.md, done.cpu).
+ * The reader that latched the word stamps its own thread's CPU clock
+ * (CLOCK_THREAD_CPUTIME_ID, ns) and that thread's id (cb_thread_id) at the latch; both 0 =
+ * not latched from the word. A caller compares the thread with its trial thread's
+ * cb_thread_id: the CPU clock is that thread's only. Cleared by reset. Any thread. */
+CB_EXPORT int64_t cb_token_word_cpu_ns(const cb_token *t);
+CB_EXPORT uint64_t cb_token_word_thread(const cb_token *t);
+
+/* The calling thread's id as the kernel numbers it (Linux: gettid; macOS:
+ * pthread_threadid_np); 0 where neither exists. Any thread. */
+CB_EXPORT uint64_t cb_thread_id(void);
 
 /* --- readers (called by llama.cpp / ggml, never by Python on a hot path) - */
 

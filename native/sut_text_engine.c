@@ -59,6 +59,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "ggml-backend.h"
@@ -262,6 +263,36 @@ static int64_t trial_cpu_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* The main thread's id (cb_thread_id) and its schedstat, opened in main: its run delay, read from
+ * any thread (protocol 1.3, done.cpu). */
+static uint64_t g_trial_tid = 0;
+static int g_sched_fd = -1;
+
+/* The main thread's run delay (schedstat's second field, ns); -1 where none (not Linux). */
+static int64_t trial_wait_ns(void) {
+    if (g_sched_fd < 0) return -1;
+    char buf[128];
+    ssize_t n = pread(g_sched_fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    unsigned long long run, wait;
+    return sscanf(buf, "%llu %llu", &run, &wait) == 2 ? (int64_t)wait : -1;
+}
+
+/* One reading of the main thread (done.cpu): when (the engine's clock), its CPU clock, its run delay
+ * (-1: none); set: taken. The clock first: a CPU difference then never exceeds its wall difference
+ * by more than a read's own cost. */
+typedef struct { int64_t t, cpu, wait; bool set; } reading;
+
+static reading read_trial_thread(void) {
+    reading r = {now_ns(), 0, 0, true};
+    r.cpu = trial_cpu_ns();
+    r.wait = trial_wait_ns();
+    return r;
+}
+
+static reading g_rd_run, g_rd_receipt; /* the run's start (main thread); the line's receipt (under g_mu) */
+
 /* any thread: set the flag (a cancel, a shutdown, end of input) */
 static void token_set(void) {
     pthread_mutex_lock(&g_mu);
@@ -282,7 +313,8 @@ static void handle_cancel(const char *trial, int64_t t) {
         if (!g_cancel_received_t) {
             g_cancel_received_t = t;
             cb_token_set(g_tok);
-            g_cancel_cpu_ns = trial_cpu_ns(); /* right after the set, as the agent reads its trial thread */
+            g_rd_receipt = read_trial_thread(); /* right after the set, as the agent reads its trial thread */
+            g_cancel_cpu_ns = g_rd_receipt.cpu;
         }
     } else if (!done_contains(trial)) {
         bool present = false;
@@ -316,6 +348,8 @@ static int64_t trial_begin(const char *trial, uint64_t cancel_seq) {
     pthread_mutex_lock(&g_mu);
     snprintf(g_trial, sizeof g_trial, "%s", trial);
     g_cancel_received_t = 0;
+    g_rd_receipt.set = false;
+    g_rd_run = read_trial_thread();
     cb_token_reset(g_tok); /* flag, stamps, polls, the watch: the trial state */
     /* only this trial's number cancels it: a word left at an older trial's is not it */
     if (g_word && cancel_seq) cb_token_watch(g_tok, g_word, cancel_seq);
@@ -324,7 +358,8 @@ static int64_t trial_begin(const char *trial, uint64_t cancel_seq) {
             g_latched[i].used = false;
             g_cancel_received_t = g_latched[i].t;
             cb_token_set(g_tok);
-            g_cancel_cpu_ns = trial_cpu_ns();
+            g_rd_receipt = read_trial_thread();
+            g_cancel_cpu_ns = g_rd_receipt.cpu;
         }
     }
     (void)cb_token_is_set(g_tok); /* latches the word if it already holds cancel_seq */
@@ -340,6 +375,7 @@ typedef struct {
     int64_t received_t; /* the receipt (0 = none): the earlier of line and word */
     bool via_word;      /* the word came first */
     int64_t cpu_after_ns; /* the trial thread's CPU from a line receipt to t_terminal; -1: no line receipt */
+    reading receipt, terminal; /* the main thread at the receipt (a word's: its latch stamp) and at the decision */
 } trial_outcome;
 
 /* main thread: the terminal decision. After it, cancels for the trial are ignored. The word is
@@ -352,7 +388,15 @@ static void trial_end(trial_outcome *o) {
     o->received_t = receipt_locked();
     o->via_word = o->received_t && o->received_t != g_cancel_received_t;
     /* a word receipt has no such reading: the engine cannot read its CPU at the agent's store */
-    o->cpu_after_ns = o->received_t && !o->via_word ? trial_cpu_ns() - g_cancel_cpu_ns : -1;
+    o->terminal = read_trial_thread();
+    o->cpu_after_ns = o->received_t && !o->via_word ? o->terminal.cpu - g_cancel_cpu_ns : -1;
+    o->receipt = g_rd_receipt;
+    if (o->via_word) { /* the latching reader's CPU stamp, if it ran on this thread; no run delay read then */
+        reading latch = {cb_token_set_ns(g_tok), cb_token_word_cpu_ns(g_tok), -1, cb_token_word_cpu_ns(g_tok) != 0};
+        o->receipt = latch;
+        o->receipt.set = latch.set && cb_token_word_thread(g_tok) == g_trial_tid;
+    }
+    if (!o->received_t) o->receipt.set = false;
     g_running = false;
     snprintf(g_done_ids[g_done_next], sizeof g_done_ids[0], "%s", g_trial);
     g_done_next = (g_done_next + 1) % DONE_CAP;
@@ -700,6 +744,11 @@ static bool step_decode(run_state *rs, llama_token *toks, int32_t n) {
         cJSON *o = msg("cancel_seen");
         cJSON_AddStringToObject(o, "trial", rs->trial);
         add_i64(o, "t", seen);
+        const char *where[] = {NULL, "range_end", "next_ask"};
+        int w = cb_token_seen_where(g_tok);
+        if (w == 1 || w == 2) cJSON_AddStringToObject(o, "where", where[w]); /* protocol 1.3 */
+        int64_t cpu_t = cb_token_seen_cpu_ns(g_tok); /* stamped on the graph thread: this one */
+        if (cpu_t > 0) add_i64(o, "cpu_t", cpu_t);
         emit(o);
     }
     emit_step(rs->trial, rs->phase, "end", t1);
@@ -726,6 +775,29 @@ static void add_counters(cJSON *o, const run_state *rs, int64_t n_gen, int64_t n
     }
     /* the stop's engine work: the trial thread's CPU from the cancel's receipt to the terminal decision */
     if (cpu_after_ns >= 0) add_i64(counters, "trial_cpu_after_receipt_ns", cpu_after_ns);
+}
+
+static void add_reading(cJSON *cpu, const char *moment, reading r) {
+    char key[32];
+    if (!r.set) return;
+    snprintf(key, sizeof key, "%s_t", moment);
+    add_i64(cpu, key, r.t);
+    snprintf(key, sizeof key, "%s_cpu", moment);
+    add_i64(cpu, key, r.cpu);
+    if (r.wait >= 0) {
+        snprintf(key, sizeof key, "%s_wait", moment);
+        add_i64(cpu, key, r.wait);
+    }
+}
+
+/* done.cpu (protocol 1.3): the main thread's readings at the run's start, the receipt, the terminal
+ * decision and now, the done's sending (docs/sut-protocol.md). */
+static void add_cpu(cJSON *o, const trial_outcome *to) {
+    cJSON *cpu = cJSON_AddObjectToObject(o, "cpu");
+    add_reading(cpu, "run", g_rd_run);
+    add_reading(cpu, "receipt", to->receipt);
+    add_reading(cpu, "terminal", to->terminal);
+    add_reading(cpu, "end", read_trial_thread());
 }
 
 static void do_run(const cJSON *m) {
@@ -864,6 +936,7 @@ finish:;
         cJSON_AddStringToObject(o, "output_sha256", hex);
     }
     add_counters(o, &rs, n_gen, n_prompt, to.cpu_after_ns);
+    add_cpu(o, &to);
     emit(o);
     free(prompt);
     free(content);
@@ -1049,6 +1122,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "no CPU clock for the main thread\n");
         return 1;
     }
+    g_trial_tid = cb_thread_id();
+#ifdef __linux__
+    {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/task/%llu/schedstat", (unsigned long long)g_trial_tid);
+        g_sched_fd = open(path, O_RDONLY | O_CLOEXEC); /* -1: no run delay in done.cpu */
+    }
+#endif
     g_tok = cb_token_new();
     if (!g_tok) {
         fprintf(stderr, "out of memory (cancel token)\n");

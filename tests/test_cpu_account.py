@@ -153,7 +153,8 @@ def test_cancel_control_takes_the_window_from_receipt_to_terminal():
     late.close()
     assert not late.request(native.now_ns())  # after the terminal state: not this trial's, no window
     assert set(late.cpu.columns()) == {"trial_run_cpu_ms", "trial_run_wait_ms", "trial_run_wall_ms",
-                                       "host_run_steal_ms"}  # only the whole trial's
+                                       "host_run_steal_ms", "trial_cpu_source"}  # only the whole trial's
+    assert cols["trial_cpu_source"] == late.cpu.columns()["trial_cpu_source"] == "agent"  # read in process
 
 
 @linux_only

@@ -121,6 +121,15 @@ def test_python_c_and_in_process_engines_sweep_alike(local_ray, tmp_path, plan, 
             in_generate = took[took.phase_at_receipt == "generate"]  # the prompt was decoded before it
             assert len(in_generate) and (in_generate.input_tokens_done_at_receipt == PROMPT_TOKENS).all()
         assert took.frames_generated_at_receipt.isna().all()  # a text engine has no frames
+        # The residue split for every cancelled trial: the agent's own reading of its thread in process,
+        # the engine's trial-thread readings out of process (protocol 1.3 done.cpu, checked by the agent)
+        source = "agent" if w == "text-in" else "engine-reported"
+        assert (took.trial_cpu_source == source).all() and (took.trial_cpu_ms >= 0).all(), \
+            took[["engine_cancel_via", "mechanism", "trial_cpu_ms", "trial_cpu_source"]]
+        assert (took.trial_cpu_ms <= took.cpu_window_ms + 1).all()  # one thread's CPU in its window (engine_cpu)
+        line = took[took.engine_cancel_via != "word"] if w != "text-in" else took  # a line receipt reads its wait
+        assert (line.trial_cpu_wait_ms >= 0).all(), line[["engine_cancel_via", "trial_cpu_wait_ms"]]
+        assert (rows.trial_run_cpu_ms >= 0).all() and (rows.trial_run_cpu_ms <= rows.trial_run_wall_ms + 1).all()
         # Cancels aimed at the long prefill under the abort reader: received while a step call ran
         # (the agent's view of the engine), and stopped inside llama_decode by the engine's own reader.
         aborts = cancels[(cancels.mechanism == "abort_callback") & (cancels.target_phase == "prefill")]

@@ -396,6 +396,12 @@ def test_graph_eval_cancel_mid_prefill_is_seen_and_stopped_by_the_eval_reader(en
     assert cancel_sent <= done["cancel_received_t"] <= seen[0]["t"] <= done["native_returned_t"] <= done["t"]
     assert c["decode_calls"] == 2  # stopped in the decode the cancel was read in: none started after it
     assert c["trial_cpu_after_receipt_ns"] >= 0  # the stop's work on the graph thread, from the line's read
+    # protocol 1.3: where and on which CPU clock the reader saw it, and the trial thread's readings
+    assert seen[0]["where"] == {1: "range_end", 2: "next_ask"}[c["eval_seen_where"]] and seen[0]["cpu_t"] > 0
+    cpu = done["cpu"]
+    assert cpu["terminal_cpu"] - cpu["receipt_cpu"] == c["trial_cpu_after_receipt_ns"]  # the same two readings
+    assert cpu["run_cpu"] <= seen[0]["cpu_t"] <= cpu["terminal_cpu"] <= cpu["end_cpu"]
+    assert cpu["run_t"] <= cpu["receipt_t"] <= cpu["terminal_t"] <= cpu["end_t"] and "receipt_wait" in cpu
     assert 0 < c["eval_syncs"] <= c["abort_polls"] < rc["abort_polls"]  # nodes asked and synced, fewer than a run's
 
     # the context is reusable: the next graph_eval run completes with the reference output
@@ -443,6 +449,9 @@ def test_a_word_only_cancel_stops_a_running_trial_under_every_mechanism(word_eng
             assert stored <= done["cancel_received_t"] <= done["t"], (mech, done)
             assert "output_sha256" not in done
             assert "trial_cpu_after_receipt_ns" not in done["counters"]  # no CPU reading at the agent's store
+            # ... but the latching reader's own stamp on this (the main) thread, and no run delay then (1.3)
+            assert done["cpu"]["receipt_t"] == done["cancel_received_t"] and "receipt_wait" not in done["cpu"], done
+            assert done["cpu"]["run_cpu"] <= done["cpu"]["receipt_cpu"] <= done["cpu"]["terminal_cpu"], done
             _check_run_shape(events)
             # between_calls latches the word before the next llama_decode; a native reader inside the
             # decode it stops (graph_eval's check after a decode could latch it too: not counted here)

@@ -158,6 +158,7 @@ SWEEP_MODES = {
     "bad_stamp": (["bad_stamp", 3], "steps = 3, step_ms = 5"),
     "bad_phase": (["bad_phase", 3], "steps = 3, step_ms = 5"),
     "big_counter": (["big_counter", 3], "steps = 3, step_ms = 5"),
+    "bad_cpu": (["bad_cpu", 3], "steps = 3, step_ms = 5"),
     "deadlock": (["deadlock", 3], "steps = 3, step_ms = 100"),  # an immediate cancel lands in the first step
     "escapes": (["escapes"], "steps = 3, step_ms = 100"),
 }
@@ -166,6 +167,7 @@ THIRD_REFERENCE_ERRORS = {
     "bad_stamp": ["done.native_returned_t 1 lies outside trial"],
     "bad_phase": ["phase 'nowhere'", "did not declare"],
     "big_counter": ["done.counters.decode_rc = 2147483648 is out of its column's range (int32)"],
+    "bad_cpu": ["done.cpu: the trial thread ran", "ms of CPU between terminal and end", "more than one thread can"],
     "deadlock": ["over its bound of 5 s", "10 x its longest completed run"],
 }
 
@@ -211,6 +213,11 @@ def test_a_sweep_judges_each_engine_by_what_the_agent_saw(tmp_path):
     # the protocol says nothing of progress at receipt: unknown (null), not the agent's initial 0
     assert cancels.t_received_ns.notna().all()
     assert cancels.tokens_generated_at_receipt.isna().all() and cancels.input_tokens_done_at_receipt.isna().all()
+    # an engine written on the engine library sends its trial thread's readings (1.3 done.cpu): the residue
+    # split of every cancel it took, engine-reported; a lying reading is the error above, never a column
+    took = cancels[cancels.outcome == "cancelled"]
+    assert len(took) and (took.trial_cpu_source == "engine-reported").all() and (took.trial_cpu_ms >= 0).all()
+    assert df[df.outcome == "error"].trial_cpu_ms.isna().all()
     assert (df.error.dropna().str.count("\n") == 0).all()
     children = re.findall(r"misbehave escapes: child pid (\d+)", " ".join(df.engine_stderr.dropna()))
     assert children, list(df[df.workload == "escapes"].engine_stderr)

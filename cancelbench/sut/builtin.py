@@ -126,12 +126,14 @@ class BuiltinEngine:
             elif event == "step_end" and in_step[0]:
                 in_step[0] = False
                 if token.seen_ns:  # the reader saw the cancel inside this call: before its end, in time order
-                    trial.cancel_seen(token.seen_ns)
+                    _seen(trial, token)
                 trial.step_end(t_ns)
         return listener
 
     def arm(self, trial: Trial, ctl) -> None:
-        """Route the trial's cancels to the engine: a latched one at once."""
+        """Route the trial's cancels to the engine: a latched one at once; its terminal decision
+        (CancelControl.close) is the trial thread's terminal reading."""
+        ctl.cpu = _ThreadReadings(trial, ctl)
         trial.on_cancel = ctl.request
 
     def run(self, trial: Trial) -> Result:
@@ -151,7 +153,7 @@ class BuiltinEngine:
         if ctl.received_ns is not None:  # a receipt the token took from the word, before the line was read
             trial.took_cancel(ctl.received_ns, "word" if ctl.token.set_by_word else "line")
         if token.seen_ns:
-            trial.cancel_seen(token.seen_ns)
+            _seen(trial, token)
         counters = {"decode_rc": res.decode_rc, "abort_polls": token.polls, "n_input_tokens": res.n_input_tokens,
                     "tokens_generated": progress.tokens_generated, "frames_generated": progress.frames_generated}
         if isinstance(res.output, dict) and res.output.get("known_answer_error_ms") is not None:
@@ -160,6 +162,38 @@ class BuiltinEngine:
         at_receipt = {k: ctl.at_receipt.get(f"{k}_at_receipt") for k in AT_RECEIPT_FIELDS}
         return Result(res.outcome, t_terminal_ns=res.t_terminal_ns, phase=phase, output_sha256=res.output_sha256,
                       counters=counters, native_returned_ns=ctl.native_returned_ns, at_receipt=at_receipt)
+
+
+def _seen(trial: Trial, token) -> None:
+    """The token's first sight as ``cancel_seen``: where the eval reader saw it and the trial
+    thread's CPU clock then (it runs on the thread that computes the graph: ggml calls back on
+    its caller, the trial thread)."""
+    trial.cancel_seen(token.seen_ns, token.seen_where, token.seen_cpu_ns or None)
+
+
+class _ThreadReadings:
+    """CancelControl's cpu hook in the engine process: the trial thread's readings at the receipt
+    (under the control's lock, so before the terminal's) and at the engine's terminal decision."""
+
+    def __init__(self, trial: Trial, ctl) -> None:
+        self.trial, self.ctl = trial, ctl
+
+    def owe_receipt(self) -> None:
+        token, thread = self.ctl.token, self.trial.thread
+        if token.set_by_word and self.ctl.received_ns == token.set_ns:
+            # a receipt the native reader latched from the word: the reading is its stamp, taken then,
+            # when that reader ran on the trial thread (its CPU clock is its own thread's); else none
+            latch = token.word_latch
+            if latch is not None and latch[1] == thread.tid:
+                thread.take("receipt", (token.set_ns, latch[0], None))  # set_ns: the latch's own stamp
+        else:
+            thread.take("receipt")
+
+    def at_receipt(self) -> None:
+        pass
+
+    def at_terminal(self) -> None:
+        self.trial.thread.take("terminal")
 
 
 ENGINE_NAMES = ("text", "tts", "stt", "probe", "sim")

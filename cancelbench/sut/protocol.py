@@ -43,6 +43,11 @@ CAPABILITIES = ("cancel_word",)
 # 1.2: done.at_receipt's fields, the engine's progress when it took the cancel; each fills the record
 # column <name>_at_receipt (docs/sut-protocol.md, the done fields).
 AT_RECEIPT_FIELDS = ("input_tokens_done", "tokens_generated", "frames_generated")
+# 1.3: cancel_seen.where, where a reader inside a graph first saw the cancel (the record's native_seen_where),
+# and done.cpu, the trial thread's CPU clock and run delay at four moments of the run (docs/sut-protocol.md).
+SEEN_WHERE = ("range_end", "next_ask")
+CPU_MOMENTS = ("run", "receipt", "terminal", "end")
+CPU_FIELDS = tuple(f"{m}_{k}" for m in CPU_MOMENTS for k in ("t", "cpu", "wait"))
 
 
 class ProtocolError(ValueError):
@@ -123,12 +128,29 @@ class Step(_Object):
     t: Int64
 
 
+NonNegInt64 = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+
+
 class CancelSeen(_Object):
     trial: TrialId
     t: Int64
+    where: Literal["range_end", "next_ask"] = "range_end"
+    cpu_t: NonNegInt64 = 0
 
 
-NonNegInt64 = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+class Cpu(_Object):  # CPU_FIELDS, field for field
+    run_t: Int64 = 0
+    run_cpu: NonNegInt64 = 0
+    run_wait: NonNegInt64 = 0
+    receipt_t: Int64 = 0
+    receipt_cpu: NonNegInt64 = 0
+    receipt_wait: NonNegInt64 = 0
+    terminal_t: Int64 = 0
+    terminal_cpu: NonNegInt64 = 0
+    terminal_wait: NonNegInt64 = 0
+    end_t: Int64 = 0
+    end_cpu: NonNegInt64 = 0
+    end_wait: NonNegInt64 = 0
 
 
 class AtReceipt(_Object):
@@ -149,6 +171,7 @@ class Done(_Object):
     counters: dict[str, Int64] = None
     cancel_via: Literal["word", "line"] = "line"
     at_receipt: AtReceipt = None
+    cpu: Cpu = None
 
 
 class Error(_Object):

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from cancelbench import native
-from cancelbench.sut.protocol import AT_RECEIPT_FIELDS
+from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, SEEN_WHERE
+from cancelbench.sut.trial_thread import Reading, TrialThread
 
 if TYPE_CHECKING:
     from .server import Server
@@ -78,6 +79,8 @@ class Trial:
         self.current_phase: str | None = None
         self._in_step = False
         self._seen_sent = False
+        # the trial thread's CPU account (done.cpu): built on the thread engine.run runs on
+        self.thread = TrialThread()
 
     # -- cancel side -------------------------------------------------------
     @property
@@ -93,14 +96,18 @@ class Trial:
         self._deliver(now_ns(), "word")
         return self._event.is_set()
 
-    def took_cancel(self, t: int, via: str = "word") -> bool:
+    def took_cancel(self, t: int, via: str = "word", reading: Reading | None = None) -> bool:
         """The engine's own cancel state took this trial's cancel at ``t`` (its native reader saw the
         shared word before the line was read): the receipt, unless one is recorded or the trial has
-        reached its terminal decision. on_cancel is not called (the engine has it already)."""
+        reached its terminal decision. on_cancel is not called (the engine has it already).
+        ``reading``: the trial thread's (CPU ns, run delay ns or None) at ``t`` where the engine
+        stamped it (a reader on that thread latched the word); None: the receipt has no reading."""
         with self._lock:
             if self._closed or self.cancel_received_ns is not None:
                 return False
             self.cancel_received_ns, self.cancel_via = t, via
+            if reading is not None:
+                self.thread.take("receipt", reading)
             self._event.set()
             return True
 
@@ -124,6 +131,7 @@ class Trial:
             if hook is not None and hook(t_read) is False:
                 return False
             self.cancel_received_ns, self.cancel_via = t_read, via
+            self.thread.take("receipt")  # after the hook set the engine's cancel, as the agent reads in process
             self._event.set()
             return True
 
@@ -153,6 +161,7 @@ class Trial:
             if not self._closed:
                 self._closed = True
                 self._t_terminal = now_ns()
+                self.thread.take("terminal")
             return self.cancel_received_ns is not None, self._t_terminal
 
     # -- events ------------------------------------------------------------
@@ -195,12 +204,19 @@ class Trial:
             if self._in_step:
                 self.step_end()
 
-    def cancel_seen(self, t: int | None = None) -> None:
-        """The native layer observed the cancel at ``t`` (sent at most once)."""
+    def cancel_seen(self, t: int | None = None, where: str | None = None, cpu_t: int | None = None) -> None:
+        """The native layer observed the cancel at ``t`` (sent at most once); ``where`` a reader
+        inside a graph saw it (``range_end`` | ``next_ask``) and ``cpu_t`` the trial thread's CPU
+        clock then (ns; the reader runs on it), where the engine knows them (protocol 1.3)."""
         if self._seen_sent:
             return
         self._seen_sent = True
-        self._server.send({"type": "cancel_seen", "trial": self.id, "t": now_ns() if t is None else t})
+        msg = {"type": "cancel_seen", "trial": self.id, "t": now_ns() if t is None else t}
+        if where in SEEN_WHERE:
+            msg["where"] = where
+        if cpu_t:
+            msg["cpu_t"] = int(cpu_t)
+        self._server.send(msg)
 
     # -- the end -----------------------------------------------------------
     def _done(self, result: Result) -> dict:
@@ -216,6 +232,10 @@ class Trial:
             at_receipt = {k: int(v) for k, v in result.at_receipt.items() if k in AT_RECEIPT_FIELDS and v is not None}
             if at_receipt:
                 msg["at_receipt"] = at_receipt
+        self.thread.take("end")
+        cpu = self.thread.fields(self.cancel_received_ns is not None)
+        if cpu:
+            msg["cpu"] = cpu
         if result.native_returned_ns is not None:
             msg["native_returned_t"] = int(result.native_returned_ns)
         if result.output_sha256 is not None:

@@ -22,6 +22,7 @@ from cancelbench.request import TrialRequest
 from cancelbench.sut.client import EngineError, EngineProcess, Received, in_trial
 from cancelbench.sut.protocol import AT_RECEIPT_FIELDS
 
+from . import engine_cpu
 from .base import CancelControl, EngineInputError, EngineResult
 
 LIVENESS_PING_S = 1.0  # silence during a run after which the engine is pinged
@@ -143,6 +144,7 @@ class ExternalEngine:
         step_min: dict[str, int] = {}
         step_start: int | None = None
         last_t, observed, last_heard = t_run, None, native.now_ns()
+        self._seen = None  # the first cancel_seen (1.3: where, cpu_t)
         bound_ns = self.run_bound_ns()
         while True:
             ran_ns = native.now_ns() - t_run
@@ -180,7 +182,8 @@ class ExternalEngine:
             elif kind == "step":
                 step_start = self._step(progress, steps, step_min, step_start, msg, t)
             elif kind == "cancel_seen":
-                observed = observed or t
+                if observed is None:
+                    observed, self._seen = t, msg
             else:
                 return self._done(ctl, msg, got, segments, steps, step_min, observed)
 
@@ -241,6 +244,7 @@ class ExternalEngine:
         at_receipt = (msg.get("at_receipt") or {}) if msg.get("cancel_received_t") is not None else {}
         self._columns.update({f"{k}_at_receipt": at_receipt.get(k) for k in AT_RECEIPT_FIELDS})
         self._columns.update(self._checked_stamps(msg, got, forwarded, counters))
+        self._columns.update(self._cpu_columns(msg, got))
         self._columns["abort_polls"] = counters.get("abort_polls")
         if msg["outcome"] == "error":
             raise EngineError(f"the engine failed: {' '.join(str(msg.get('error') or 'no message').split())[:1500]}")
@@ -282,6 +286,18 @@ class ExternalEngine:
             if value is not None and not lo <= value <= hi:
                 raise EngineError(f"done.counters.{name} = {value} is out of its column's range ({width})")
         return columns
+
+    def _cpu_columns(self, msg: dict, got: Received) -> dict:
+        """The trial thread's account the engine sent (1.3, engine_cpu), checked against the span the
+        run was in its hands (the agent's run write to its done read, widened by the clock's uncertainty)."""
+        cpu, seen = msg.get("cpu") or {}, self._seen
+        span = got.t_read_ns - self._t_run + 2 * self.proc.clock.uncertainty_ns
+        received = msg.get("cancel_received_t")
+        try:
+            engine_cpu.check(cpu, (seen or {}).get("cpu_t"), received is not None, span)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        return engine_cpu.columns(cpu, seen, received is not None)
 
     def _bound_source(self) -> str:
         if self.run_timeout_s is not None:

@@ -53,7 +53,7 @@ from cancelbench.sut.server import Result, Trial, make_server
 MODES = ("exit_at_start", "never_hello", "wrong_version", "not_json", "huge_line", "other_clock", "unknown_trial",
          "two_dones", "close_stdout", "sigill", "silent", "ignores_shutdown", "drops_silently", "no_latch",
          "claims_receipt", "claims_cancel", "bad_stamp", "bad_phase", "big_counter", "nan_setting", "deadlock",
-         "escapes", "hostile_text", "ignores_word")
+         "escapes", "hostile_text", "ignores_word", "bad_cpu")
 
 DECLARATION = Declaration(
     name="misbehave", version="1", input="text",
@@ -154,6 +154,9 @@ class Misbehave:
                 result.phase = "nowhere"
             elif mode == "big_counter":
                 result.counters = {"decode_rc": 1 << 31}
+            elif mode == "bad_cpu":  # done.cpu (1.3): a trial thread that ran 10 s of CPU in a short run
+                _, cpu, wait = trial.thread.readings["run"]
+                trial.thread.readings["end"] = (time.monotonic_ns(), cpu + 10 * 10**9, wait)
         return result
 
     def _work(self, trial: Trial, stamp, other_clock: bool) -> Result:
