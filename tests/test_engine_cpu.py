@@ -28,6 +28,8 @@ def test_readings_become_the_residue_split_columns():
                     "trial_cpu_wait_ms": 0.0005, "trial_observe_cpu_ms": 1.0, "trial_run_cpu_ms": 4.0,
                     "trial_run_wall_ms": 6.0, "trial_run_wait_ms": 0.0006, "trial_cpu_source": "engine-reported"}
     engine_cpu.check(GOOD, 7 * MS, True, 10 * MS)
+    # the receipt's reading, taken by the cancel's thread, may pair a stale clock read with a later CPU read
+    engine_cpu.check({**GOOD, "receipt_t": 100_000, "receipt_cpu": 7 * MS}, None, True, 10 * MS)
     # a receipt the word latched (no run delay read then): work, and no wait; absent readings: no columns
     latched = {k: v for k, v in GOOD.items() if k != "receipt_wait"}
     assert "trial_cpu_wait_ms" not in engine_cpu.columns(latched, None, True)

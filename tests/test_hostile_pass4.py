@@ -225,13 +225,15 @@ def test_a_stopped_devices_line_is_escaped_one_line_and_has_no_traceback(tmp_pat
 
 @pytest.mark.cluster
 def test_a_crash_mid_sweep_prints_the_verdict_it_exits_with_and_says_why(tmp_path):
-    """misbehave.py kills itself with SIGILL in its second run (a reference): an `error` record, the
-    engine restarted, the sweep exits 1. The summary's verdict says FAIL, exit 1, and why; stderr says
+    """misbehave.py kills itself with SIGILL in its third run (a reference): an `error` record, the
+    engine restarted, the sweep exits 1 (the restarted engine's only run, the cancel trial, is its first:
+    with N = 2 it was its second, and a cancel that came after its first step on a loaded host met the
+    defect again: two errors). The summary's verdict says FAIL, exit 1, and why; stderr says
     why in one line. Beside it a working engine with a hostile version and build facts: the report's
     Builds section shows them escaped, and no llama.cpp build (no built-in engine ran)."""
     tag = uuid.uuid4().hex
     text = (header(["flag"], ["agent"], trials=1)
-            + workload("crash", [PY, MISBEHAVE, "sigill", 2], "steps = 3, step_ms = 5")
+            + workload("crash", [PY, MISBEHAVE, "sigill", 3], "steps = 3, step_ms = 5")
             + workload("hostile", [PY, HOSTILE, "serve"]))
     r, out = sweep(tmp_path, tag, text)
     assert r.returncode == 1, r.stderr[-3000:]

@@ -155,8 +155,8 @@ class Misbehave:
             elif mode == "big_counter":
                 result.counters = {"decode_rc": 1 << 31}
             elif mode == "bad_cpu":  # done.cpu (1.3): a trial thread that ran 10 s of CPU in a short run
-                _, cpu, wait = trial.thread.readings["run"]
-                trial.thread.readings["end"] = (time.monotonic_ns(), cpu + 10 * 10**9, wait)
+                t, cpu, wait = trial.thread.read()  # now, as the end's reading is, but 10 s more CPU
+                trial.thread.readings["end"] = (t, cpu + 10 * 10**9, wait)
         return result
 
     def _work(self, trial: Trial, stamp, other_clock: bool) -> Result:
