@@ -120,11 +120,6 @@ def now_ns() -> int:
     return (lib if lib is not None else _lib()).cb_now_ns()
 
 
-def thread_id() -> int:
-    """The calling thread's id as cancel_token.c numbers it (cb_thread_id: Linux gettid), 0 where none."""
-    return _lib().cb_thread_id()
-
-
 def reader_address() -> int:
     """Address of ``bool cb_token_reader(void *token)`` for llama_set_abort_callback."""
     return ctypes.cast(_lib().cb_token_reader, ctypes.c_void_p).value

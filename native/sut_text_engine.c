@@ -234,7 +234,6 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* guards the fields be
 static bool g_running = false;                             /* a trial is between run and its terminal state */
 static char g_trial[MAX_TRIAL_ID + 1];                     /* the running trial's id */
 static int64_t g_cancel_received_t = 0;                    /* when the cancel line of the running trial was read */
-static int64_t g_cancel_cpu_ns = 0;                        /* the trial thread's CPU clock right after that */
 static struct { char id[MAX_TRIAL_ID + 1]; int64_t t; bool used; } g_latched[LATCH_CAP];
 static size_t g_latch_next = 0;
 static char g_done_ids[DONE_CAP][MAX_TRIAL_ID + 1];
@@ -314,7 +313,6 @@ static void handle_cancel(const char *trial, int64_t t) {
             g_cancel_received_t = t;
             cb_token_set(g_tok);
             g_rd_receipt = read_trial_thread(); /* right after the set, as the agent reads its trial thread */
-            g_cancel_cpu_ns = g_rd_receipt.cpu;
         }
     } else if (!done_contains(trial)) {
         bool present = false;
@@ -359,7 +357,6 @@ static int64_t trial_begin(const char *trial, uint64_t cancel_seq) {
             g_cancel_received_t = g_latched[i].t;
             cb_token_set(g_tok);
             g_rd_receipt = read_trial_thread();
-            g_cancel_cpu_ns = g_rd_receipt.cpu;
         }
     }
     (void)cb_token_is_set(g_tok); /* latches the word if it already holds cancel_seq */
@@ -389,7 +386,7 @@ static void trial_end(trial_outcome *o) {
     o->via_word = o->received_t && o->received_t != g_cancel_received_t;
     /* a word receipt has no such reading: the engine cannot read its CPU at the agent's store */
     o->terminal = read_trial_thread();
-    o->cpu_after_ns = o->received_t && !o->via_word ? o->terminal.cpu - g_cancel_cpu_ns : -1;
+    o->cpu_after_ns = o->received_t && !o->via_word ? o->terminal.cpu - g_rd_receipt.cpu : -1;
     o->receipt = g_rd_receipt;
     if (o->via_word) { /* the latching reader's CPU stamp, if it ran on this thread; no run delay read then */
         reading latch = {cb_token_set_ns(g_tok), cb_token_word_cpu_ns(g_tok), -1, cb_token_word_cpu_ns(g_tok) != 0};

@@ -134,7 +134,7 @@ NonNegInt64 = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 class CancelSeen(_Object):
     trial: TrialId
     t: Int64
-    where: Literal["range_end", "next_ask"] = "range_end"
+    where: Literal[SEEN_WHERE] = "range_end"
     cpu_t: NonNegInt64 = 0
 
 

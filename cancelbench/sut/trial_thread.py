@@ -19,7 +19,8 @@ import sys
 import threading
 import time
 
-READINGS = ("run", "receipt", "terminal", "end")  # the moments, in their order in a run
+from cancelbench.sut.protocol import CPU_MOMENTS
+
 Reading = tuple[int, int, int | None]
 
 
@@ -61,7 +62,7 @@ class TrialThread:
         """``done.cpu``: ``<moment>_t``, ``<moment>_cpu`` and ``<moment>_wait`` of each reading (a
         receipt's only when the done carries one)."""
         out: dict[str, int] = {}
-        for moment in READINGS:
+        for moment in CPU_MOMENTS:
             if moment == "receipt" and not with_receipt:
                 continue
             reading = self.readings.get(moment)

@@ -5,9 +5,10 @@ The agent cannot read a thread CPU clock of another process (Linux refuses it ac
 groups) and a running thread's schedstat CPU figure lags to its last tick, so these figures are
 the engine's (cancelbench/sut/trial_thread.py is the engine library's side). They are
 descriptive: no verdict reads them (the outcome rule reads the agent's own facts). Each is
-checked against what the agent saw: readings of one thread never run backwards, and no
-difference exceeds the span the run was in the engine's hands (the agent's run write to its done
-read, widened by the clock's uncertainty); a receipt's reading only with a receipt. A figure
+checked against what the agent saw: readings of one thread never run backwards, its CPU never
+outruns wall time between the readings it took of itself (READ_SLACK_NS), their span lies within
+the time the run was in the engine's hands (the agent's run write to its done read, widened by
+the clock's uncertainty), and a receipt's reading comes only with a receipt. A figure
 that breaks a check fails the trial (``ValueError`` naming the field), as an impossible
 timestamp does.
 """
