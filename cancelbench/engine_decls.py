@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from cancelbench.sut.declaration import Declaration, MechanismInfo, Phase, Setting, SettingError
+from cancelbench.sut.protocol import AUDIO_OUT
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,11 @@ _LLAMA_MECHANISMS = tuple(MechanismInfo(m.name, m.reaches) for m in MECHANISMS.v
 
 
 def _declare(name: str, phases: tuple[str, ...], settings: tuple[Setting, ...], *, input: str = "text",
-             step_phases: tuple[str, ...] | None = None) -> Declaration:
+             step_phases: tuple[str, ...] | None = None, capabilities: tuple[str, ...] = ()) -> Declaration:
     steps = set(step_phases if step_phases is not None else phases)
     return Declaration(name=f"cancelbench-{name}", version=_version(), input=input,
                        phases=tuple(Phase(p, p in steps) for p in phases),
-                       mechanisms=_LLAMA_MECHANISMS, settings=settings)
+                       mechanisms=_LLAMA_MECHANISMS, settings=settings, capabilities=capabilities)
 
 
 def _version() -> str:
@@ -113,7 +114,8 @@ DECLARATIONS: dict[str, Declaration] = {
         Setting("temp", "float", 0.9, 0.0, 100.0, "sampling temperature", width="float64"),
         Setting("seed", "int", None, 0, MAX_SEED, "sampler seed (default: the sweep's seed)",
                 column="sampling_seed", width="int64"), _MMPROJ_OFFLOAD,
-    ), step_phases=("set_input", "prompt", "generate", "code2wav")),  # output steps only without a window left
+    ), step_phases=("set_input", "prompt", "generate", "code2wav"),  # output steps only without a window left
+        capabilities=(AUDIO_OUT,)),  # it hands each code2wav window's audio over as it is made
     "stt": _declare("stt", ("preprocess", "prefill", "encode", "decode_embd", "generate"), _llama_settings(256, 32) + (
         Setting("max_tokens", "int", 16, 1, MAX_INT32, "generated tokens"),
         Setting("system_prompt", "string", None, doc="system prompt (default none)"), _MMPROJ_OFFLOAD,

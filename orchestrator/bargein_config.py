@@ -19,21 +19,21 @@ def clip_entries(name: str, where: str = "bargein.clips") -> list[ClipEntry]:
     return [ClipEntry(i, e.name, e.user, e.snr_db, e.echo_level_db) for i, e in enumerate(CLIP_SETS[name])]
 
 
-def check_bargein(raw: object, engine: str, where: str) -> BargeinSettings:
+def check_bargein(raw: object, spec, where: str) -> BargeinSettings:
     """A workload's barge-in table: its keys, its detector's settings, its clip set, and an
-    engine that streams audio (a player needs it as the engine makes it)."""
+    engine that streams audio (``spec``: its EngineSpec; a player needs the audio as the engine
+    makes it: a built-in TTS engine, or an external one whose hello declares audio_out)."""
     from cancelbench.device_agents.engines.registry import ENGINES
 
     try:
         settings = parse_settings(raw, where)
     except BargeinError as exc:
         raise ConfigError(str(exc)) from None
-    spec = ENGINES.get(engine)
-    if spec is None or not spec.keeps_audio:
+    if not spec.keeps_audio:
         audio = [n for n, e in ENGINES.items() if e.keeps_audio]
-        raise ConfigError(f"{where}: barge-in needs an engine that streams audio ({', '.join(audio)}); "
-                          f"the {engine} engine does not" + (" (the engine protocol has no audio event yet)"
-                                                             if spec is None else ""))
+        what = f"the external engine {spec.declaration.name}" if spec.external else f"the {spec.name} engine"
+        raise ConfigError(f"{where}: barge-in needs an engine that streams audio ({', '.join(audio)}, or an external "
+                          f"engine whose hello declares the capability audio_out); {what} does not")
     try:
         from cancelbench.device_agents.detectors import of_bargein
         of_bargein(settings)  # the detector refuses what it cannot run

@@ -142,8 +142,8 @@ def parse_workload(raw: dict, i: int, declare=None) -> WorkloadSpec:
             raise ConfigError(f"{where}.{key} must be a non-empty string, got {kwargs[key]!r}")
     if "backends" in kwargs:
         kwargs["backends"] = check_names(kwargs["backends"], f"{where}.backends", BACKENDS)
-    if "bargein" in kwargs:
-        kwargs["bargein"] = check_bargein(kwargs["bargein"], engine, f"{where}.bargein")
+    if "bargein" in kwargs and not external:  # an external engine's: once its hello says what it streams
+        kwargs["bargein"] = check_bargein(kwargs["bargein"], ENGINES[engine], f"{where}.bargein")
     if external:
         kwargs.setdefault("model", None)
         kwargs.update(_external_keys(raw, where))
@@ -194,6 +194,8 @@ def _declared(spec: WorkloadSpec, declare, where: str) -> WorkloadSpec:
         raise
     except Exception as exc:  # cancelbench.sut.client.EngineError: one line
         raise ConfigError(f"{where}: {exc}") from None
+    if spec.bargein is not None:
+        spec = dataclasses.replace(spec, bargein=check_bargein(spec.bargein, spec.spec, f"{where}.bargein"))
     try:
         spec.resolved_settings()
     except SettingError as exc:

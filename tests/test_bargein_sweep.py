@@ -139,6 +139,9 @@ def test_the_report_opens_with_the_barge_in_section(sweep, tmp_path):
      'bargein = { detector = "silero", frame_ms = 20 }', "frame_ms"),
     ('engine = "tts"\nmodel = "fixture:qwen3tts-fixture"\nmmproj = "fixture:qwen3tts-fixture"\n'
      'bargein = { clips = "nope" }', "unknown clip set"),
+    # an external engine streams audio only if its hello says so (audio_out, protocol 1.4)
+    (f'engine = "external"\ncommand = ["{sys.executable}", "-m", "cancelbench.sut.builtin", "sim"]\nbargein = {{}}',
+     "the external engine cancelbench-sim does not"),
 ])
 def test_a_bad_bargein_table_is_one_line_and_exit_2(tmp_path, table, said):
     cfg = tmp_path / "bad.toml"

@@ -38,10 +38,12 @@ FULL = {
               "settings": [{"name": "n_threads", "type": "int", "default": 4, "min": 1, "max": 512, "doc": "threads"},
                            {"name": "voice", "type": "string", "default": None}]},
     "pong": {"type": "pong", "id": 3, "t": 81220341552},
-    "loaded": {"type": "loaded", "t": 81220999000, "settings": {"n_threads": 4, "temp": 0.7, "s": True, "v": "a"}},
+    "loaded": {"type": "loaded", "t": 81220999000, "settings": {"n_threads": 4, "temp": 0.7, "s": True, "v": "a"},
+               "audio_sample_rate": 24000},
     "phase": {"type": "phase", "trial": "sw-1.dev.text.abort.cancel.0007", "phase": "generate", "t": 5},
     "step": {"type": "step", "trial": "t.1", "phase": "generate", "edge": "start", "t": 81220333017},
     "cancel_seen": {"type": "cancel_seen", "trial": "t.1", "t": 7},
+    "audio": {"type": "audio", "trial": "t.1", "t": 8, "samples": 4608},
     "done": {"type": "done", "trial": "t.1", "outcome": "cancelled", "t": 9, "phase": "generate",
              "cancel_received_t": 8, "native_returned_t": 9, "output_sha256": SHA, "error": "",
              "counters": {"steps": 3, "tokens": 0}},
@@ -63,7 +65,7 @@ def _required(kind: str) -> set[str]:
 MINIMAL = {k: {f: v for f, v in m.items() if f in _required(k)} for k, m in FULL.items()}
 
 PROBES = [
-    None, True, False, 0, 1, -1, 7.0, -0.0, 1.5, 1e300, I64 - 1, I64, -I64, -I64 - 1, 2 ** 64, 10 ** 30,
+    None, True, False, 0, 1, -1, 7.0, 999, 1000, 768_000, 768_001, 2 ** 31 - 1, 2 ** 31, -0.0, 1.5, 1e300, I64 - 1, I64, -I64, -I64 - 1, 2 ** 64, 10 ** 30,
     "", "x", "a" * 63, "a" * 64, "a" * 65, "a" * 128, "a" * 129, "a" * 200, "a" * 201, "a" * 1000, "a" * 1001,
     "a" * 1024, "a" * 1025, "a" * 100_000, "\U0001F600" * 200, "\U0001F600" * 201, "ab\n", "a b", "a\x00",
     "start", "end", "completed", "cancelled", "error", "int", "float", "bool", "string", "text", "audio_path",

@@ -327,6 +327,45 @@ def test_text_engine_out_of_process(engines, small_text_model):
     assert e.proc.wait(timeout=HANG) == 0
 
 
+# ------------------------------------------------------------------------ tts
+
+def test_tts_engine_out_of_process_hands_its_audio_over(engines, tmp_path):
+    """1.4: the built-in TTS engine declares audio_out, says its model's rate when loaded, and hands each
+    window's audio over as an audio event while it runs: in all exactly the samples of the WAV it writes
+    at output_path, each hand-over after the code2wav step that made it; none after a latched cancel."""
+    import wave
+
+    from cancelbench.datasets import speech_fixtures as SF
+
+    paths = SF.ensure_speech_fixtures()["tts"]
+    e = engines("-m", "cancelbench.sut.builtin", "tts")
+    decl = Declaration.from_hello(e.hello)
+    assert decl.can("audio_out") and decl.can("cancel_word")
+    loaded = e.load({"model": str(paths["model"]), "mmproj": str(paths["mmproj"])}, n_threads=1, max_frames=100)
+    assert loaded["audio_sample_rate"] == 24000  # the fixture's code2wav rate (mtmd_gen_audio_get_info)
+    wav = tmp_path / "ref.wav"
+    t_run = e.send({"type": "run", "trial": "a.0", "mechanism": "graph_eval", "input": "Hello there, world.",
+                    "settings": {}, "output_path": str(wav)})
+    events, done = e.trial("a.0")
+    assert done["outcome"] == "completed", done
+    audio = [m for m in events if m["type"] == "audio"]
+    stamps = [m["t"] for m in events]
+    assert stamps == sorted(stamps) and t_run <= stamps[0] and stamps[-1] <= done["t"] <= now()  # in line order
+    with wave.open(str(wav)) as w:
+        assert w.getframerate() == 24000 and sum(m["samples"] for m in audio) == w.getnframes() > 0
+    assert len(audio) >= 2  # a window inside generation and the final one: handed over as made, not at the end
+    for m in audio:  # each after the end of a code2wav step (or the output step's flush) that came before it
+        before = [x for x in events[:events.index(m)] if x["type"] == "step" and x["edge"] == "end"]
+        assert before and before[-1]["phase"] in ("code2wav", "output") and before[-1]["t"] <= m["t"], (m, before)
+    e.send({"type": "cancel", "trial": "a.latched"})
+    e.send({"type": "run", "trial": "a.latched", "mechanism": "graph_eval", "input": "Hello.", "settings": {},
+            "output_path": None})
+    events, done = e.trial("a.latched")
+    assert done["outcome"] == "cancelled" and not [m for m in events if m["type"] == "audio"]
+    e.send({"type": "shutdown"})
+    assert e.proc.wait(timeout=HANG) == 0
+
+
 def test_misbehave_script_knows_its_modes():
     """The bad-engine script the agent's tests use: every mode is accepted, an unknown one is exit 2."""
     script = os.path.join(os.path.dirname(__file__), "data", "engines", "misbehave.py")

@@ -159,6 +159,7 @@ SWEEP_MODES = {
     "bad_phase": (["bad_phase", 3], "steps = 3, step_ms = 5"),
     "big_counter": (["big_counter", 3], "steps = 3, step_ms = 5"),
     "bad_cpu": (["bad_cpu", 3], "steps = 3, step_ms = 5"),
+    "undeclared_audio": (["undeclared_audio", 3], "steps = 3, step_ms = 5"),
     "deadlock": (["deadlock", 3], "steps = 3, step_ms = 100"),  # an immediate cancel lands in the first step
     "escapes": (["escapes"], "steps = 3, step_ms = 100"),
 }
@@ -168,6 +169,7 @@ THIRD_REFERENCE_ERRORS = {
     "bad_phase": ["phase 'nowhere'", "did not declare"],
     "big_counter": ["done.counters.decode_rc = 2147483648 is out of its column's range (int32)"],
     "bad_cpu": ["done.cpu: the trial thread ran", "ms of CPU between terminal and end", "more than one thread can"],
+    "undeclared_audio": ["the engine sent audio, but did not declare the capability audio_out"],
     "deadlock": ["over its bound of 5 s", "10 x its longest completed run"],
 }
 

@@ -19,6 +19,8 @@ the process speaks the engine protocol (docs/sut-protocol.md) through
   for the trial is ``ctl.request(t_read)`` (a latched one before ``engine.run``); one
   read after the engine's terminal decision (``ctl.close``) is refused, so ``done``
   never carries a cancel the engine had no chance to see.
+* ``audio`` (engines that declare ``audio_out``: tts): each hand-over of the engine's
+  ``Progress.hand_audio``, as it happens; ``loaded.audio_sample_rate`` is its model's rate.
 * ``done``: from the :class:`EngineResult`: outcome, ``t_terminal_ns``,
   ``phase_at_terminal``, ``output_sha256``, ``native_returned_t``
   (``ctl.native_returned_ns``), a ``cancel_seen`` event from ``token.seen_ns``, and
@@ -36,7 +38,7 @@ from __future__ import annotations
 import sys
 
 from cancelbench.request import TrialRequest
-from cancelbench.sut.protocol import AT_RECEIPT_FIELDS
+from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, AUDIO_OUT
 
 from .declaration import Declaration, MechanismInfo, Phase
 from .server import Result, Trial, main as serve_main
@@ -102,6 +104,12 @@ class BuiltinEngine:
         return {k: v for k, v in described.items()
                 if k in declared and isinstance(v, (bool, int, float, str))} or None
 
+    @property
+    def audio_sample_rate(self) -> int | None:
+        """The rate of the audio it hands over (an engine that declares audio_out: TTS, from its model)."""
+        rate = getattr(self.engine, "sample_rate", None)
+        return int(rate) if rate is not None and self.declaration.can(AUDIO_OUT) else None
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
@@ -145,6 +153,8 @@ class BuiltinEngine:
         token.reset()
         token.watch(trial.word, trial.cancel_seq)  # the shared cancel word: every reader sees it at its next poll
         progress = Progress(step_calls=self.spec.step_calls, listener=self._listener(trial, token))
+        if self.declaration.can(AUDIO_OUT):  # each window's audio, as the engine hands it to a player
+            progress.audio_listener = _audio_out(trial)
         ctl = CancelControl(token, progress)
         self.arm(trial, ctl)
         request = TrialRequest(mechanism=trial.mechanism, input=trial.input, trial_id=trial.id,
@@ -162,6 +172,17 @@ class BuiltinEngine:
         at_receipt = {k: ctl.at_receipt.get(f"{k}_at_receipt") for k in AT_RECEIPT_FIELDS}
         return Result(res.outcome, t_terminal_ns=res.t_terminal_ns, phase=phase, output_sha256=res.output_sha256,
                       counters=counters, native_returned_ns=ctl.native_returned_ns, at_receipt=at_receipt)
+
+
+def _audio_out(trial: Trial):
+    """Progress.audio_listener (samples handed over in all, when) as the trial's audio events."""
+    handed = [0]
+
+    def listener(total_samples: int, t_ns: int) -> None:
+        if total_samples > handed[0]:
+            trial.audio(total_samples - handed[0], t_ns)
+            handed[0] = total_samples
+    return listener
 
 
 def _seen(trial: Trial, token) -> None:

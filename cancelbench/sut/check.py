@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .client import EngineError, EngineProcess, end_leftovers, group_alive, in_trial
 from .declaration import Declaration, SettingError
+from .protocol import AUDIO_OUT, TRIAL_EVENTS
 
 EXIT_OK, EXIT_FAILURES, EXIT_INPUT = 0, 1, 2  # the command's exit codes (cancelbench.cli)
 EVENT_TIMEOUT_S = 60.0  # a run that says nothing for this long fails its check (a hung engine)
@@ -120,7 +121,7 @@ class Checker:
             if msg["type"] == "pong":
                 proc.took_pong(msg, got.t_read_ns)
                 continue
-            if msg["type"] not in ("phase", "step", "cancel_seen", "done") or msg.get("trial") != trial:
+            if msg["type"] not in TRIAL_EVENTS or msg.get("trial") != trial:
                 run.problems.append(f"a {msg['type']} message for {msg.get('trial')!r} during run {trial}")
                 continue
             t = in_trial(proc.clock, msg["t"], t_run, got.t_read_ns, last)
@@ -128,6 +129,8 @@ class Checker:
                 run.problems.append(f"{msg['type']} timestamp {msg['t']} is outside the run on the pongs' clock")
                 t = proc.clock.to_agent(msg["t"])
             last = max(last, t)
+            if msg["type"] == "audio" and not self.decl.can(AUDIO_OUT):
+                run.problems.append(f"audio in run {trial}, from an engine that does not declare {AUDIO_OUT}")
             if msg["type"] == "done":
                 run.done, run.t_done_read = msg, got.t_read_ns
                 run.reach_ns, run.stall_ns = proc.reach_ns(), proc.stall_ns()
@@ -191,7 +194,21 @@ class Checker:
             problems.append(f"phases first entered in the order {', '.join(first)}, declared {', '.join(declared)}")
         out.append(Check("phases", not problems, "; ".join(problems) or f"entered {' -> '.join(first)}"))
         out.append(self._steps(run))
+        if self.decl.can(AUDIO_OUT):
+            out.append(self._audio(run))
         return out
+
+    def _audio(self, run: Run) -> Check:
+        """An engine that declares audio_out: its rate when loaded, its reference run's audio handed over."""
+        rate = self.proc.loaded.get("audio_sample_rate")
+        chunks = [e["samples"] for e in run.events if e["type"] == "audio"]
+        problems = [] if rate else ["loaded has no audio_sample_rate"]
+        if not chunks:
+            problems.append("the reference run handed no audio over (no audio event)")
+        if problems:
+            return Check("audio", False, "; ".join(problems))
+        return Check("audio", True, f"{len(chunks)} hand-over(s), {sum(chunks)} samples "
+                                    f"({sum(chunks) / rate:.2f} s at {rate} Hz)")
 
     def _steps(self, run: Run) -> Check:
         problems, open_step, counts, current = [], None, {}, None

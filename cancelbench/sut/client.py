@@ -65,11 +65,9 @@ class EngineProcess:
         self.messages: queue.Queue[Received] = queue.Queue()
         self.declaration: Declaration | None = None
         self.clock = ClockCheck(True, 0, 0)
-        self._stderr = bytearray()
-        self._stderr_dropped = 0
+        self._stderr, self._stderr_dropped = bytearray(), 0
         self._stderr_lock = threading.Lock()
         self._write_lock = threading.RLock()  # send_ping holds it around its id and its write
-        self._ping_id = 0
         self._reaper: subprocess.Popen | None = None
         self.broken: str | None = None  # set once the stream can no longer be trusted
         self.mark = uuid.uuid4().hex
@@ -81,7 +79,8 @@ class EngineProcess:
         self._reader_tid: int | None = None  # the agent's stdout reader (Linux tid); run delays at the cancel:
         self._waits_at_cancel: stall.RunDelays | None = None
         self.word: cancel_word.CancelWord | None = None  # this process's shared cancel word (start)
-        self._seq = 0  # the last run's cancel_seq
+        self._ping_id, self._seq = 0, 0  # the last ping's id; the last run's cancel_seq
+        self.loaded: dict = {}  # the engine's loaded (load; 1.4: its audio_sample_rate)
 
     # -- start ---------------------------------------------------------------
     def start(self) -> Declaration:
@@ -222,13 +221,14 @@ class EngineProcess:
         return 2 * max(self.run_rtts or self.startup_rtts, default=0)
 
     def load(self, models: dict, settings: dict) -> dict:
-        """``load``; the effective settings the engine reports (``loaded.settings``)."""
+        """``load``; the effective settings (``loaded.settings``); the whole answer in :attr:`loaded`."""
         self.send({"type": "load", "models": models, "settings": settings})
         got = self._next(max(self.startup_timeout_s, self.answer_timeout_s), "loaded")
         if got.msg.get("type") == "error":
             raise EngineError(f"the engine could not load: {' '.join(str(got.msg.get('message')).split())[:500]}")
         if got.msg.get("type") != "loaded":
             raise EngineError(f"expected loaded, got a {got.msg.get('type')!r} message")
+        self.loaded = got.msg
         return dict(got.msg.get("settings") or {})
 
     # -- talking -------------------------------------------------------------

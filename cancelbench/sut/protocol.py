@@ -31,15 +31,19 @@ PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 1 << 20  # one message, its newline included
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
-ENGINE_TYPES = ("hello", "pong", "loaded", "phase", "step", "cancel_seen", "done", "error")
+ENGINE_TYPES = ("hello", "pong", "loaded", "phase", "step", "cancel_seen", "audio", "done", "error")
 AGENT_TYPES = ("ping", "load", "run", "cancel", "shutdown")
-TRIAL_EVENTS = ("phase", "step", "cancel_seen", "done")
+TRIAL_EVENTS = ("phase", "step", "cancel_seen", "audio", "done")
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 CANCEL_SEQ_MAX = (1 << 53) - 1  # run.cancel_seq: exact in every JSON parser (a double's integers)
 # Capabilities an engine may declare in hello (an unknown one is ignored): "cancel_word", the shared
-# cancel word (docs/sut-protocol.md, "The shared cancel word").
-CAPABILITIES = ("cancel_word",)
+# cancel word (docs/sut-protocol.md, "The shared cancel word"); "audio_out" (1.4), the engine hands its
+# audio over as it makes it, in ``audio`` events, at the rate ``loaded.audio_sample_rate`` says.
+CANCEL_WORD, AUDIO_OUT = "cancel_word", "audio_out"
+CAPABILITIES = (CANCEL_WORD, AUDIO_OUT)
+AUDIO_RATE_MIN, AUDIO_RATE_MAX = 1000, 768_000  # loaded.audio_sample_rate, Hz
+AUDIO_CHUNK_MAX = (1 << 31) - 1  # audio.samples: one hand-over
 # 1.2: done.at_receipt's fields, the engine's progress when it took the cancel; each fills the record
 # column <name>_at_receipt (docs/sut-protocol.md, the done fields).
 AT_RECEIPT_FIELDS = ("input_tokens_done", "tokens_generated", "frames_generated")
@@ -113,6 +117,7 @@ class Pong(_Object):
 class Loaded(_Object):
     t: Int64
     settings: dict[str, Scalar] = None
+    audio_sample_rate: Annotated[int, Meta(ge=AUDIO_RATE_MIN, le=AUDIO_RATE_MAX)] = 24000
 
 
 class PhaseEvent(_Object):
@@ -136,6 +141,12 @@ class CancelSeen(_Object):
     t: Int64
     where: Literal[SEEN_WHERE] = "range_end"
     cpu_t: NonNegInt64 = 0
+
+
+class AudioEvent(_Object):
+    trial: TrialId
+    t: Int64
+    samples: Annotated[int, Meta(ge=1, le=AUDIO_CHUNK_MAX)]
 
 
 class Cpu(_Object):  # CPU_FIELDS, field for field
@@ -208,7 +219,7 @@ class Shutdown(_Object):
 
 STRUCTS: dict[str, type[Struct]] = {
     "hello": Hello, "pong": Pong, "loaded": Loaded, "phase": PhaseEvent, "step": Step,
-    "cancel_seen": CancelSeen, "done": Done, "error": Error,
+    "cancel_seen": CancelSeen, "audio": AudioEvent, "done": Done, "error": Error,
     "ping": Ping, "load": Load, "run": Run, "cancel": Cancel, "shutdown": Shutdown,
 }
 

@@ -46,6 +46,9 @@ The API:
   trial was read before the trial's terminal decision; an exception is a ``done`` with
   outcome ``error`` and the exception as one line.
 * ``engine.close()`` (optional): called once before :func:`serve` returns.
+* An engine whose declaration has the capability ``audio_out`` (1.4) hands its audio over
+  with :meth:`Trial.audio` and has an ``audio_sample_rate`` attribute (an int, Hz) once
+  ``load`` has returned: ``loaded.audio_sample_rate``.
 
 What the server does on its stdin thread, at once, even during a run: answers ``ping``
 with ``pong`` (``t``: when the ping was read); stamps every ``cancel`` when read and
@@ -75,11 +78,12 @@ from typing import Callable, Protocol
 from . import cancel_word
 from .declaration import Declaration
 from .trial import Result, Trial, one_line  # noqa: F401 (the engine API: server.Result)
-from .protocol import AGENT_TYPES, CAPABILITIES, MAX_LINE_BYTES, ProtocolError, encode, validate
+from .protocol import AGENT_TYPES, AUDIO_OUT, CANCEL_WORD, MAX_LINE_BYTES, ProtocolError, encode, validate
 from .protocol import decode as decode_line
 from .protocol import type_of
 
 from .trial import now_ns  # noqa: E402
+LIBRARY_CAPABILITIES = (CANCEL_WORD,)  # what this library implements for every engine it serves
 LATCHED_MAX = 1024  # cancels kept for trials not run yet
 FINISHED_MAX = 4096  # trial ids whose late cancels are ignored
 _EOF = object()
@@ -234,7 +238,7 @@ class Server:
         """The declaration as hello, with the capabilities this library implements for every engine."""
         hello = self.declaration.to_hello()
         caps = hello.get("capabilities") or []
-        hello["capabilities"] = [*caps, *(c for c in CAPABILITIES if c not in caps)]
+        hello["capabilities"] = [*caps, *(c for c in LIBRARY_CAPABILITIES if c not in caps)]
         return hello
 
     def serve(self) -> int:
@@ -267,6 +271,11 @@ class Server:
             if effective:
                 reply["settings"] = {k: v for k, v in effective.items()
                                      if isinstance(v, (bool, int, float, str))}
+            if self.declaration.can(AUDIO_OUT):  # 1.4: the rate its audio events count samples at
+                rate = getattr(self.engine, "audio_sample_rate", None)
+                if isinstance(rate, bool) or not isinstance(rate, int):
+                    raise ValueError(f"the engine declares {AUDIO_OUT} but its audio_sample_rate after load is {rate!r}")
+                reply["audio_sample_rate"] = rate
             validate(reply, ("loaded",))
         except Exception as exc:
             self.error("load", f"{type(exc).__name__}: {exc}")

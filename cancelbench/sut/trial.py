@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from cancelbench import native
-from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, SEEN_WHERE
+from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, AUDIO_CHUNK_MAX, AUDIO_OUT, SEEN_WHERE
 from cancelbench.sut.trial_thread import Reading, TrialThread
 
 if TYPE_CHECKING:
@@ -217,6 +217,20 @@ class Trial:
         if cpu_t:
             msg["cpu_t"] = int(cpu_t)
         self._server.send(msg)
+
+    def audio(self, samples: int, t: int | None = None) -> None:
+        """``samples`` of audio handed over to playback at ``t`` (1.4: an engine that declares
+        ``audio_out``; a streaming app would play them now). A chunk over the protocol's bound
+        is sent as several events at the same time."""
+        if not self._decl.can(AUDIO_OUT):
+            raise ValueError(f"audio from an engine that does not declare the capability {AUDIO_OUT}")
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise ValueError(f"audio samples must be a count, got {samples!r}")
+        t = now_ns() if t is None else t
+        while samples > 0:
+            n = min(samples, AUDIO_CHUNK_MAX)
+            self._server.send({"type": "audio", "trial": self.id, "t": t, "samples": n})
+            samples -= n
 
     # -- the end -----------------------------------------------------------
     def _done(self, result: Result) -> dict:

@@ -68,9 +68,10 @@ class Progress:
     # engine has more audio a player could take (barge-in's playback model, bargein_run.py).
     audio_listener: Callable[[int, int], None] | None = None
 
-    def hand_audio(self, total_samples: int) -> None:
+    def hand_audio(self, total_samples: int, t_ns: int | None = None) -> None:
+        """``t_ns``: when they were handed over (an engine's own stamp on the agent's clock); None: now."""
         if self.audio_listener is not None:
-            self.audio_listener(total_samples, native.now_ns())
+            self.audio_listener(total_samples, native.now_ns() if t_ns is None else t_ns)
 
     def step_ms(self) -> dict[str, float]:
         """The shortest step call of each phase, ms."""

@@ -15,12 +15,13 @@ the agent records it as ``error``, and the engine is started again for the next 
 from __future__ import annotations
 
 import json
+import os
 import queue
 
 from cancelbench import native
 from cancelbench.request import TrialRequest
 from cancelbench.sut.client import EngineError, EngineProcess, Received, in_trial
-from cancelbench.sut.protocol import AT_RECEIPT_FIELDS
+from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, AUDIO_OUT, TRIAL_EVENTS
 
 from . import engine_cpu
 from .base import CancelControl, EngineInputError, EngineResult
@@ -31,6 +32,7 @@ LIVENESS_PING_S = 1.0  # silence during a run after which the engine is pinged
 # (a run that outlasts every run before it tenfold is stuck: the common deadlock answers pings, so
 # answer_timeout_s never fires). Over the bound the engine is killed and started again.
 RUN_BOUND_FIRST_S, RUN_BOUND_FACTOR, RUN_BOUND_FLOOR_S = 600.0, 10, 5.0
+AUDIO_EVENTS_MAX = 1 << 16  # audio events one trial may send (each is kept for the playback model)
 INT_RANGES = {"int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1)}
 
 
@@ -66,6 +68,11 @@ class ExternalEngine:
                               f"(engine {decl.name} {decl.version})")
         self.declaration = decl
         self.effective = checked_settings(decl, proc.load(self.models, self.settings))
+        # 1.4: an engine that streams audio says its rate (the playback model's, barge-in's) when loaded
+        self.sample_rate = proc.loaded.get("audio_sample_rate") if decl.can(AUDIO_OUT) else None
+        if decl.can(AUDIO_OUT) and self.sample_rate is None:
+            proc.close()
+            raise EngineError(f"the engine declares {AUDIO_OUT} but its loaded has no audio_sample_rate")
 
     def describe(self) -> dict:
         d = self.declaration
@@ -115,6 +122,8 @@ class ExternalEngine:
         if ctl.attach(send_cancel):  # a cancel latched before the run goes first: the engine must latch it
             send_cancel()
         self._sent = sent
+        if request.wav_out:  # where the engine may write the reference run's audio: its folder exists
+            os.makedirs(os.path.dirname(request.wav_out), exist_ok=True)
         run = {"type": "run", "trial": trial, "mechanism": request.mechanism, "input": request.input,
                "settings": self.settings, "output_path": request.wav_out}
         if seq is not None:
@@ -145,6 +154,7 @@ class ExternalEngine:
         step_start: int | None = None
         last_t, observed, last_heard = t_run, None, native.now_ns()
         self._seen = None  # the first cancel_seen (1.3: where, cpu_t)
+        self._audio_events = self._audio_total = 0
         bound_ns = self.run_bound_ns()
         while True:
             ran_ns = native.now_ns() - t_run
@@ -167,7 +177,7 @@ class ExternalEngine:
             if kind == "pong":
                 proc.took_pong(msg, got.t_read_ns)
                 continue
-            if kind not in ("phase", "step", "cancel_seen", "done"):
+            if kind not in TRIAL_EVENTS:
                 raise EngineError(f"the engine sent a {kind!r} message during trial {trial}")
             if msg["trial"] != trial:
                 raise EngineError(f"the engine sent a {kind} event for trial {msg['trial'][:80]!r}, "
@@ -184,6 +194,8 @@ class ExternalEngine:
             elif kind == "cancel_seen":
                 if observed is None:
                     observed, self._seen = t, msg
+            elif kind == "audio":
+                self._audio(progress, msg, t)
             else:
                 return self._done(ctl, msg, got, segments, steps, step_min, observed)
 
@@ -196,6 +208,16 @@ class ExternalEngine:
         segments.append([phase, t, None])
         progress.phase = phase
         progress.emit("phase", phase, t)
+
+    def _audio(self, progress, msg: dict, t: int) -> None:
+        """Audio handed over to playback (1.4): the barge-in's playback model hears it from ``t``."""
+        if self.sample_rate is None:
+            raise EngineError(f"the engine sent audio, but did not declare the capability {AUDIO_OUT}")
+        self._audio_events += 1
+        if self._audio_events > AUDIO_EVENTS_MAX:
+            raise EngineError(f"the engine sent over {AUDIO_EVENTS_MAX} audio events in trial {msg['trial']}")
+        self._audio_total += msg["samples"]
+        progress.hand_audio(self._audio_total, t)
 
     @staticmethod
     def _step(progress, steps: dict, step_min: dict, step_start: int | None, msg: dict, t: int) -> int | None:
@@ -246,6 +268,8 @@ class ExternalEngine:
         self._columns.update(self._checked_stamps(msg, got, forwarded, counters))
         self._columns.update(self._cpu_columns(msg, got))
         self._columns["abort_polls"] = counters.get("abort_polls")
+        if counters.get("known_answer_error_ns") is not None:  # a known-answer engine's own error (sim, probe)
+            self._columns["known_answer_error_ms"] = counters["known_answer_error_ns"] / 1e6
         if msg["outcome"] == "error":
             raise EngineError(f"the engine failed: {' '.join(str(msg.get('error') or 'no message').split())[:1500]}")
         return EngineResult(

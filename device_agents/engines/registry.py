@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from cancelbench.engine_decls import (DECLARATIONS, MAX_SEED, MECHANISM_NAMES, MECHANISMS,  # noqa: F401
                                       Mechanism)
 from cancelbench.sut.declaration import Declaration
+from cancelbench.sut.protocol import AUDIO_OUT
 
 
 # ggml backends a device can run on (device ids are "<backend>:<index>").
@@ -32,8 +33,13 @@ class EngineSpec:
     needs_mmproj: bool = False  # the workload must name a multimodal projector (and a real model)
     simulated: bool = False  # reports mark a simulated engine as such
     needs_model: bool = True  # False: no model file, no lock, no corpus (probe, sim)
-    keeps_audio: bool = False  # reference runs write their audio (out/audio/<trial>.wav) for listening
     external: bool = False  # runs out of process through the engine protocol (docs/sut-protocol.md)
+
+    @property
+    def keeps_audio(self) -> bool:
+        """It streams audio (its declaration's audio_out): barge-in can run on it, and its reference
+        runs write their audio (out/audio/<trial>.wav) for listening."""
+        return self.declaration.can(AUDIO_OUT)
 
     @property
     def phases(self) -> tuple[str, ...]:
@@ -65,7 +71,7 @@ ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
     EngineSpec("tts", DECLARATIONS["tts"], ".tts:TtsEngine",
                step_calls=frozenset({"mtmd_helper_gen_audio_set_input", "mtmd_helper_gen_audio_step_prompt",
                                      "mtmd_helper_gen_audio_step_gen", "mtmd_helper_gen_audio_get_output"}),
-               needs_mmproj=True, keeps_audio=True),
+               needs_mmproj=True),
     EngineSpec("stt", DECLARATIONS["stt"], ".stt:SttEngine",
                step_calls=frozenset({"mtmd_tokenize", "llama_process", "mtmd_encode_chunk"}), needs_mmproj=True),
     # The probe polls the native token whatever the mechanism: it calibrates the harness.

@@ -27,7 +27,9 @@ deadlock (the N-th run's thread blocks for ever after its first step; the stdin
 thread still answers pings), escapes (at load it starts a child in its own
 session that sleeps; its pid on stderr: ``misbehave escapes: child pid P``),
 hostile_text (a version string and, in the N-th run, a done.error and stderr that
-carry terminal control sequences: ESC, OSC, BEL, CR, NUL).
+carry terminal control sequences: ESC, OSC, BEL, CR, NUL), bad_cpu (the N-th run's done.cpu
+claims 10 s more CPU at its end), undeclared_audio (the N-th run, if it completes, sends an audio
+event before its done; its hello does not declare audio_out).
 
 The shared cancel word (every mode declares cancel_word: cancelbench.sut.server does): no_latch
 and drops_silently never read it (their defects lose the word's cancel too); ignores_word
@@ -53,7 +55,7 @@ from cancelbench.sut.server import Result, Trial, make_server
 MODES = ("exit_at_start", "never_hello", "wrong_version", "not_json", "huge_line", "other_clock", "unknown_trial",
          "two_dones", "close_stdout", "sigill", "silent", "ignores_shutdown", "drops_silently", "no_latch",
          "claims_receipt", "claims_cancel", "bad_stamp", "bad_phase", "big_counter", "nan_setting", "deadlock",
-         "escapes", "hostile_text", "ignores_word", "bad_cpu")
+         "escapes", "hostile_text", "ignores_word", "bad_cpu", "undeclared_audio")
 
 DECLARATION = Declaration(
     name="misbehave", version="1", input="text",
@@ -157,6 +159,9 @@ class Misbehave:
             elif mode == "bad_cpu":  # done.cpu (1.3): a trial thread that ran 10 s of CPU in a short run
                 t, cpu, wait = trial.thread.read()  # now, as the end's reading is, but 10 s more CPU
                 trial.thread.readings["end"] = (t, cpu + 10 * 10**9, wait)
+            elif mode == "undeclared_audio":  # 1.4's audio event, from an engine that streams nothing
+                self.server.write_line(encode({"type": "audio", "trial": trial.id, "t": time.monotonic_ns(),
+                                               "samples": 480}))
         return result
 
     def _work(self, trial: Trial, stamp, other_clock: bool) -> Result:
