@@ -200,7 +200,7 @@ class DeviceAgent:
         if key != self._engine_key:
             from cancelbench import native
 
-            from .engines.registry import EXTERNAL, engine_spec
+            from .engines.registry import make_engine
             from .models import resolve_models
 
             if self._engine is not None:
@@ -208,11 +208,7 @@ class DeviceAgent:
                 self._engine, self._engine_key, self._model_sha256 = None, None, None
             t0 = native.now_ns()
             verified = resolve_models(workload)
-            if workload.get("engine") == EXTERNAL:  # a team's engine, out of process (docs/sut-protocol.md)
-                from .engines.external import ExternalEngine
-                self._engine = ExternalEngine(verified)
-            else:
-                self._engine = engine_spec(workload.get("engine", "text")).make(verified)
+            self._engine = make_engine(verified)  # a team's engine: out of process (engines/external.py)
             self._engine_key = key
             self._model_sha256 = verified.get("model_sha256")
             return {"loaded": True, "load_ms": (native.now_ns() - t0) / 1e6, **self._describe()}

@@ -16,14 +16,11 @@ from pathlib import Path
 from .engines.registry import engine_spec
 
 MMPROJ_ARCH = "clip"  # every mtmd projector file
-TTS_TALKER_ARCHS = ("qwen3tts",)
 # Architectures that are not a language model of their own.
 NOT_A_TEXT_MODEL = {
     "qwen3tts": "a TTS talker (use engine = \"tts\" with its mmproj)",
     MMPROJ_ARCH: "an mmproj (projector), not a language model",
 }
-# engine -> (mmproj modality, required projector type)
-MMPROJ_PROJECTORS = {"tts": ("gen_audio", "qwen3tts_gen"), "stt": ("audio", "qwen3a")}
 ROLES = ("model", "mmproj")
 
 
@@ -59,28 +56,30 @@ def projector_types(meta: dict) -> dict[str, str | None]:
 
 
 def check_metadata(meta: dict, engine: str, role: str, name: str) -> None:
-    """Pure rule: raise :class:`ModelMismatchError` when ``meta`` does not fit ``engine``/``role``."""
+    """Pure rule: raise :class:`ModelMismatchError` when ``meta`` does not fit ``engine``/``role``
+    (what its spec declares: ``mmproj_projector``, ``model_archs``)."""
+    spec = engine_spec(engine)
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     arch = meta.get("general.architecture")
     if role == "mmproj":
         if arch != MMPROJ_ARCH:
             raise ModelMismatchError(f"mmproj {name} has architecture {arch!r}, not an mmproj ({MMPROJ_ARCH!r})")
-        if engine in MMPROJ_PROJECTORS:
-            modality, expected = MMPROJ_PROJECTORS[engine]
+        if spec.mmproj_projector is not None:
+            modality, expected = spec.mmproj_projector
             got = projector_types(meta).get(modality)
             if got != expected:
                 have = ", ".join(f"{k}={v}" for k, v in projector_types(meta).items() if v) or "none"
                 raise ModelMismatchError(f"mmproj {name} has no '{expected}' projector (it has: {have}); "
                                          f"the {engine} engine needs a {expected} mmproj")
         return
-    if engine == "tts":
-        if arch not in TTS_TALKER_ARCHS:
-            raise ModelMismatchError(f"model {name} has architecture {arch!r}; the tts engine needs a TTS talker "
-                                     f"({', '.join(TTS_TALKER_ARCHS)})")
-    elif engine in ("text", "stt") and arch in NOT_A_TEXT_MODEL:
+    if spec.model_archs:
+        if arch not in spec.model_archs:
+            raise ModelMismatchError(f"model {name} has architecture {arch!r}; the {engine} engine needs "
+                                     f"{spec.model_kind} ({', '.join(spec.model_archs)})")
+    elif arch in NOT_A_TEXT_MODEL:
         raise ModelMismatchError(f"model {name} has architecture {arch!r}, {NOT_A_TEXT_MODEL[arch]}; "
-                                 f"the {engine} engine needs a language model")
+                                 f"the {engine} engine needs {spec.model_kind}")
 
 
 def check_model(path: Path, engine: str, role: str = "model") -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from cancelbench.datasets.locks import FileLock, LockError, verify_file
 
+from .engines.registry import is_external
 from .model_check import check_model
 
 MODEL_KEYS = ("model", "mmproj")
@@ -37,6 +38,6 @@ def resolve_models(workload: dict) -> dict:
         wl[key] = str(path)
         wl[f"{key}_sha256"] = verify_file(path, FileLock(path.name, int(entry["size"]), str(entry["sha256"]).lower(),
                                                          str(entry.get("source", ""))))
-        if wl.get("engine") != "external":  # an external engine's models are its own business
+        if not is_external(wl.get("engine")):  # an external engine's models are its own business
             check_model(path, wl.get("engine", "text"), key)
     return wl

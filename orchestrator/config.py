@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cancelbench.device_agents.engines.registry import BACKENDS, EXTERNAL, MAX_SEED
+from cancelbench.device_agents.engines.registry import BACKENDS, MAX_SEED
 from cancelbench.inputs import MAX_CONFIG_BYTES, load_toml, safe_component
 from cancelbench.schema import DELIVERIES, SETTINGS_COLUMNS
 
@@ -78,7 +78,7 @@ def trial_settings(config: SweepConfig, workload: WorkloadSpec, trial_kind: str,
     if workload.bargein is not None:
         cols.update(workload.bargein.columns())
     cols.update({k: v for k, v in described.items() if k in SETTINGS_COLUMNS and k not in cols})
-    if workload.engine == EXTERNAL:  # a built-in engine's settings are typed columns of their own
+    if workload.spec.external:  # a built-in engine's settings are typed columns of their own
         effective = {**workload.resolved_settings(), **(described.get("engine_settings") or {})}
         cols["engine_settings_json"] = json.dumps(effective, sort_keys=True, default=str)
     return cols

@@ -40,11 +40,6 @@ from .plan import (PLAN_HASH, Plan, build_plan, legacy_plan_sha256, plan_sha256,
 from .plan import plan_table as plan_table_of
 
 
-# The one input of engines that make their own work (declared input "none"); the probe's name
-# is older than this rule and kept, so the plans (and their hashes) of earlier sweeps stay put.
-SYNTHETIC_INPUT_IDS = {"probe": "busy"}
-
-
 class SweepInputError(ValueError):
     """Bad input discovered before any trial ran (exit code 2)."""
 
@@ -141,7 +136,7 @@ class Sweep:
         inputs = {}
         for wl in self.config.workloads:
             items = (load_inputs(wl) if wl.spec.declaration.input != "none" else  # one synthetic input
-                     [{"id": SYNTHETIC_INPUT_IDS.get(wl.engine, wl.engine), "text": ""}])
+                     [{"id": wl.spec.synthetic_input_id, "text": ""}])
             inputs[wl.name] = {str(it["id"]): it for it in items}
         try:
             local = not (self.address or os.environ.get("RAY_ADDRESS"))

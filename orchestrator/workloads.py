@@ -13,7 +13,8 @@ from dataclasses import field
 from pathlib import Path
 
 from cancelbench.bargein import BargeinSettings
-from cancelbench.device_agents.engines.registry import BACKENDS, ENGINES, EXTERNAL, EngineSpec, external_spec
+from cancelbench.device_agents.engines.registry import (BACKENDS, ENGINES, EXTERNAL, EngineSpec, external_spec,
+                                                         is_external)
 from cancelbench.engine_decls import ALL_GPU_LAYERS, resolve_settings
 from cancelbench.inputs import expect_choice, expect_name
 from cancelbench.sut.declaration import Declaration, SettingError
@@ -41,7 +42,7 @@ class _WorkloadBase:
     @property
     def spec(self) -> EngineSpec:
         """The engine's spec: a built-in one, or an external engine's from its hello."""
-        if self.engine != EXTERNAL:
+        if not is_external(self.engine):
             return ENGINES[self.engine]
         if self.declaration is None:
             raise ConfigError(f"workload {self.name}: its external engine has not said hello yet")
@@ -49,7 +50,7 @@ class _WorkloadBase:
 
     def given_settings(self) -> dict:
         """The engine settings the config gave (built-in: the keys set; external: its table)."""
-        if self.engine == EXTERNAL:
+        if is_external(self.engine):
             return dict(self.settings)
         return {s.name: getattr(self, s.name) for s in self.spec.declaration.settings
                 if getattr(self, s.name) is not None}
@@ -57,7 +58,7 @@ class _WorkloadBase:
     def resolved_settings(self) -> dict:
         """Every setting the engine declares: the config's value, the declared default or (built-in
         engines) the value derived from the others; n_gpu_layers stays for the agent's device."""
-        if self.engine == EXTERNAL:
+        if is_external(self.engine):
             return self.spec.declaration.resolve(self.given_settings(), f"workload {self.name}")
         return resolve_settings(self.engine, self.given_settings(), f"workload {self.name}")
 
@@ -65,7 +66,7 @@ class _WorkloadBase:
         """What the agent's engine is built from (the load payload, without locks)."""
         # None: the engine (or the agent, for the device's n_gpu_layers) chooses
         d = {"engine": self.engine, **{k: v for k, v in self.resolved_settings().items() if v is not None}}
-        if self.engine == EXTERNAL:
+        if is_external(self.engine):
             d = {"engine": EXTERNAL, "settings": self.resolved_settings(), "command": list(self.command),
                  "cwd": self.cwd, "env": dict(self.env), "startup_timeout_s": self.startup_timeout_s,
                  "answer_timeout_s": self.answer_timeout_s, "run_timeout_s": self.run_timeout_s,
@@ -134,7 +135,7 @@ def parse_workload(raw: dict, i: int, declare=None) -> WorkloadSpec:
         expect_choice(engine, f"{where}.engine", known_engines, ConfigError)
     if engine not in known_engines:
         raise ConfigError(f"{where}: unknown engine {engine!r} (known: {', '.join(known_engines)})")
-    external = engine == EXTERNAL
+    external = is_external(engine)
     _check_keys(raw, engine, where)
     kwargs = {k: v for k, v in raw.items() if k in set(_COMMON_KEYS)}
     for key in ("model", "mmproj", "lock", "inputs"):
@@ -163,7 +164,7 @@ def parse_workload(raw: dict, i: int, declare=None) -> WorkloadSpec:
 def _check_keys(raw: dict, engine: str, where: str) -> None:
     """Only the keys this engine takes: the common ones and its declared settings (an external
     engine: its start-up keys; its settings are checked against its hello later)."""
-    external = engine == EXTERNAL
+    external = is_external(engine)
     allowed = set(_COMMON_KEYS) | (set(EXTERNAL_KEYS) if external else
                                    {s.name for s in ENGINES[engine].declaration.settings})
     if not external and not ENGINES[engine].needs_model:
@@ -236,7 +237,7 @@ def _external_keys(raw: dict, where: str) -> dict:
 
 def _check_workload(spec: WorkloadSpec, where: str) -> None:
     """What no single setting says: sizes that must agree, files an engine needs."""
-    if spec.engine != EXTERNAL:  # sizes that must agree (n_ubatch <= n_batch, a prompt within n_ctx)
+    if not is_external(spec.engine):  # sizes that must agree (n_ubatch <= n_batch, a prompt within n_ctx)
         try:
             spec.resolved_settings()
         except SettingError as exc:
@@ -246,7 +247,7 @@ def _check_workload(spec: WorkloadSpec, where: str) -> None:
         raise ConfigError(f"{where}: engine {spec.engine} needs 'model' (and 'mmproj')")
     if engine.needs_mmproj and not spec.mmproj:
         raise ConfigError(f"{where}: engine {spec.engine} needs 'mmproj'")
-    if spec.engine == EXTERNAL and spec.mmproj and not spec.model:
+    if is_external(spec.engine) and spec.mmproj and not spec.model:
         raise ConfigError(f"{where}: 'mmproj' needs a 'model'")
     for key in ("model", "mmproj"):
         path = getattr(spec, key)
@@ -266,12 +267,12 @@ def workload_table(recorded: dict) -> dict:
     """The [[workload]] table that gives a recorded workload again (a manifest's config JSON,
     ``SweepConfig.to_json``): the keys its engine takes, with the values that were set."""
     engine = recorded.get("engine", "text")
-    keys = set(_COMMON_KEYS) | (set(EXTERNAL_KEYS) if engine == EXTERNAL else
+    keys = set(_COMMON_KEYS) | (set(EXTERNAL_KEYS) if is_external(engine) else
                                 {s.name for s in ENGINES[engine].declaration.settings})
-    if engine != EXTERNAL and not ENGINES[engine].needs_model:
+    if not is_external(engine) and not ENGINES[engine].needs_model:
         keys -= {"model", "mmproj", "lock", "inputs"}
     table = {k: v for k, v in recorded.items() if k in keys and v is not None and v != [] and v != {}}
-    if engine == EXTERNAL:
+    if is_external(engine):
         table["env"] = dict(recorded.get("env") or [])
         table["settings"] = dict(recorded.get("settings") or [])
         table["command"] = list(recorded["command"])

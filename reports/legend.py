@@ -25,12 +25,11 @@ from .load import BUILD_COLUMNS, Filters, read_once  # noqa: F401 (BUILD_COLUMNS
 # (its hello's name, version and build facts, ENGINE_BUILD_COLUMNS); the agent's llama.cpp is not its.
 LLAMA_COLUMNS = ("llama_cpp_python_version", "llama_cpp_build", "llama_cpp_commit", "ggml_version", "ggml_backends")
 ENGINE_BUILD_COLUMNS = ("engine", "engine_name", "engine_version", "engine_build_json")
-EXTERNAL = "external"  # the engine column of an external engine's rows (engines.registry.EXTERNAL)
 
 
 def _engine_facts(r: dict) -> list[tuple[str, str]]:
     """An external engine's row: ("engine NAME: version", ...), ("engine NAME: KEY", value) per build fact."""
-    name = r.get("engine_name") or EXTERNAL
+    name = r.get("engine_name") or "external"
     facts = [(f"engine {name}: version", r.get("engine_version") or "")]
     raw = r.get("engine_build_json")
     if raw:
@@ -57,7 +56,7 @@ def distinct_builds(table: pa.Table, key_columns: list[str]) -> dict[tuple, dict
     out: dict[tuple, dict[str, list[str]]] = {}
     for r in rows:
         facts = out.setdefault(tuple("" if r[k] is None else str(r[k]) for k in key_columns), {})
-        external = r.get("engine") == EXTERNAL
+        external = r.get("engine_build_json") is not None  # its hello's build facts: not the agent's llama.cpp
         pairs = [(c, "" if r[c] is None else str(r[c])) for c in cols if not (external and c in LLAMA_COLUMNS)]
         for c, value in pairs + (_engine_facts(r) if external else []):
             if value and value not in facts.setdefault(c, []):

@@ -41,7 +41,6 @@ MAX_PANEL_ROWS = 6
 MAX_OFFSET_PANELS = 6  # every panel costs a fixed share of the page's render time
 MAX_DOT_ROWS = 48
 N_BOOT = 1000
-SPEECH_ENGINES = ("tts", "stt")
 
 
 def plot_label(text: object) -> str:
@@ -282,6 +281,8 @@ def uninterruptible_shares(samples: pd.DataFrame, refs: pd.DataFrame) -> pd.Data
     duration, capped at 1.  A cancel at a uniform point of a phase that
     nothing interrupts waits half the phase on average (share 1); one that
     stops at the next graph node waits ~0."""
+    from cancelbench.device_agents.engines.registry import SPEECH_ENGINES  # what their declarations say
+
     sp = samples[samples["engine"].isin(SPEECH_ENGINES) & samples["residue_ms"].notna()]
     if sp.empty or refs is None or refs.empty:
         return pd.DataFrame(columns=["workload", "device_key", "phase", "mechanism", "share", "n", "order"])

@@ -40,7 +40,7 @@ import sys
 from cancelbench.request import TrialRequest
 from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, AUDIO_OUT
 
-from .declaration import Declaration, MechanismInfo, Phase
+from .declaration import Declaration
 from .server import Result, Trial, main as serve_main
 
 
@@ -48,15 +48,9 @@ def declaration_of(name: str) -> Declaration:
     """The built-in engine's declaration as its hello (name ``cancelbench-<name>``)."""
     import dataclasses
 
-    from cancelbench.device_agents.engines.registry import MECHANISMS, engine_spec
+    from cancelbench.device_agents.engines.registry import engine_spec
 
-    spec = engine_spec(name)
-    decl = getattr(spec, "declaration", None)
-    if decl is None:  # a registry without declarations: phases and mechanisms only
-        steps = set(getattr(spec, "step_phases", None) or spec.phases)
-        decl = Declaration(name=name, version="0", phases=tuple(Phase(p, p in steps) for p in spec.phases),
-                           mechanisms=tuple(MechanismInfo(m, MECHANISMS[m].reaches or m) for m in spec.mechanisms),
-                           settings=(), input={"stt": "audio_path", "sim": "none", "probe": "none"}.get(name, "text"))
+    decl = engine_spec(name).declaration
     if not decl.name.startswith("cancelbench-"):
         decl = dataclasses.replace(decl, name=f"cancelbench-{name}")
     if decl.version in ("", "0"):
@@ -217,13 +211,12 @@ class _ThreadReadings:
         self.trial.thread.take("terminal")
 
 
-ENGINE_NAMES = ("text", "tts", "stt", "probe", "sim")
-
-
 def main(argv: list[str] | None = None) -> None:
+    from cancelbench.device_agents.engines.registry import ENGINES
+
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or argv[0] not in ENGINE_NAMES:
-        print(f"usage: python -m cancelbench.sut.builtin {{{','.join(ENGINE_NAMES)}}}", file=sys.stderr)
+    if len(argv) != 1 or argv[0] not in ENGINES:
+        print(f"usage: python -m cancelbench.sut.builtin {{{','.join(ENGINES)}}}", file=sys.stderr)
         sys.exit(2)
     serve_main(BuiltinEngine(argv[0]))
 

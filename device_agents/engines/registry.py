@@ -34,6 +34,23 @@ class EngineSpec:
     simulated: bool = False  # reports mark a simulated engine as such
     needs_model: bool = True  # False: no model file, no lock, no corpus (probe, sim)
     external: bool = False  # runs out of process through the engine protocol (docs/sut-protocol.md)
+    # What its model files must be (device_agents/model_check.py): the architectures its model may have
+    # (empty: any language model), and its mmproj's (modality, projector type); None: any projector.
+    model_archs: tuple[str, ...] = ()
+    model_kind: str = "a language model"  # what those architectures are, in its errors
+    mmproj_projector: tuple[str, str] | None = None
+    # input "none": the id of the one input it makes itself (default: its name; the probe's "busy" is older
+    # than this rule and kept, so the plans, and their hashes, of earlier sweeps stay put)
+    synthetic_input: str | None = None
+
+    @property
+    def speech(self) -> bool:
+        """Speech in or out (its declaration: audio input, or audio_out): the reports' speech sections."""
+        return self.declaration.input == "audio_path" or self.keeps_audio
+
+    @property
+    def synthetic_input_id(self) -> str:
+        return self.synthetic_input or self.name
 
     @property
     def keeps_audio(self) -> bool:
@@ -62,8 +79,7 @@ class EngineSpec:
         return (self.step_phases or self.phases) if anchored else self.phases
 
     def make(self, workload: dict):
-        module, cls = self.factory.split(":")
-        return getattr(importlib.import_module(module, __package__), cls)(workload)
+        return make_engine({**workload, "engine": self.name})
 
 
 ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
@@ -71,22 +87,39 @@ ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
     EngineSpec("tts", DECLARATIONS["tts"], ".tts:TtsEngine",
                step_calls=frozenset({"mtmd_helper_gen_audio_set_input", "mtmd_helper_gen_audio_step_prompt",
                                      "mtmd_helper_gen_audio_step_gen", "mtmd_helper_gen_audio_get_output"}),
-               needs_mmproj=True),
+               needs_mmproj=True, model_archs=("qwen3tts",),
+               model_kind="a TTS talker", mmproj_projector=("gen_audio", "qwen3tts_gen")),
     EngineSpec("stt", DECLARATIONS["stt"], ".stt:SttEngine",
-               step_calls=frozenset({"mtmd_tokenize", "llama_process", "mtmd_encode_chunk"}), needs_mmproj=True),
+               step_calls=frozenset({"mtmd_tokenize", "llama_process", "mtmd_encode_chunk"}), needs_mmproj=True,
+               mmproj_projector=("audio", "qwen3a")),
     # The probe polls the native token whatever the mechanism: it calibrates the harness.
     EngineSpec("probe", DECLARATIONS["probe"], ".text:ProbeEngine", step_calls=frozenset({"cb_probe_busy"}),
-               needs_model=False),
+               needs_model=False, synthetic_input="busy"),
     # Waits instead of compute (native/cancel_token.c cb_sim_wait): scale work and a known answer.
     EngineSpec("sim", DECLARATIONS["sim"], ".sim:SimEngine", simulated=True, step_calls=frozenset({"cb_sim_wait"}),
                needs_model=False),
 )}
 EXTERNAL = "external"  # the engine name of workloads that run a team's own engine (docs/sut-protocol.md)
+SPEECH_ENGINES = tuple(name for name, spec in ENGINES.items() if spec.speech)
+_EXTERNAL_FACTORY = ".external:ExternalEngine"
+
+
+def is_external(engine: str | None) -> bool:
+    """A workload's ``engine`` names a team's engine (its declaration comes from its hello)."""
+    return engine == EXTERNAL
+
+
+def make_engine(payload: dict):
+    """The engine a workload's payload names, built (an agent's side: it imports the engine's module)."""
+    name = payload.get("engine", "text")
+    factory = _EXTERNAL_FACTORY if is_external(name) else engine_spec(name).factory
+    module, cls = factory.split(":")
+    return getattr(importlib.import_module(module, __package__), cls)(payload)
 
 
 def external_spec(declaration: Declaration, needs_model: bool) -> EngineSpec:
     """The spec of an external engine, from the declaration its hello gave."""
-    return EngineSpec(EXTERNAL, declaration, ".external:ExternalEngine", needs_model=needs_model, external=True)
+    return EngineSpec(EXTERNAL, declaration, _EXTERNAL_FACTORY, needs_model=needs_model, external=True)
 
 
 class UnknownEngine(ValueError):
