@@ -25,8 +25,11 @@ no node-level bound covers. The section counts those trials and shows the most w
 
 Limits: the trial thread is llama.cpp's calling thread, one of ``n_threads``; with more
 than one, its work includes spinning at ggml's barrier for a peer (a preempted peer shows
-as work here, and as wait in the process-wide ``engine_cpu_wait_ms``). External engines:
-their trial thread is not known to the agent, so they have no split.
+as work here, and as wait in the process-wide ``engine_cpu_wait_ms``). External engines send
+their trial thread's readings (protocol 1.3, ``trial_cpu_source = engine-reported``); a receipt a
+native reader latched from the shared cancel word has no run-delay reading (no reader reads
+schedstat), so its trial's wait is unknown: counted in the rest, and counted per cell
+(``wait_unknown_n``) and in the section's note.
 """
 
 from __future__ import annotations
@@ -60,8 +63,8 @@ def split_frame(table: pa.Table, extra: tuple[str, ...] = ()) -> pd.DataFrame:
     labels (null: ``(none)``)."""
     have = [c for c in [*COLUMNS, *extra] if c in table.column_names]
     if "trial_cpu_ms" not in have or table.num_rows == 0:
-        return pd.DataFrame(columns=[*KEYS, *extra, "wall", "work", "wait", "rest", "uncovered", "before_seen",
-                                     "unpolled"])
+        return pd.DataFrame(columns=[*KEYS, *extra, "wall", "work", "wait", "rest", "wait_known", "uncovered",
+                                     "before_seen", "unpolled"])
     t = table.select(have)
     keep = pc.and_(pc.fill_null(pc.equal(t.column("outcome").cast(pa.string()), "cancelled"), False),
                    pc.and_(pc.is_valid(t.column("trial_cpu_ms")), pc.is_finite(t.column("latency_ms"))))
@@ -73,6 +76,7 @@ def split_frame(table: pa.Table, extra: tuple[str, ...] = ()) -> pd.DataFrame:
         "delivery": label("delivery"), "device": label("host") + "/" + label("device"),
         **{c: label(c) for c in extra},
         "wall": f["latency_ms"].astype(float), "work": work, "wait": wait, "rest": rest,
+        "wait_known": f["trial_cpu_wait_ms"].notna(),
         "uncovered": f["latency_ms"].astype(float) - f["cpu_window_ms"].astype(float),
         # graph_eval: the engine work before its reader saw the cancel, and whether it came where no
         # node was polled (seen at the next node's ask: the engine's work between graphs)
@@ -105,6 +109,7 @@ class ResidueCell:
     seen_n: int = 0  # trials whose eval reader (graph_eval) stamped where it saw the cancel
     unpolled_n: int = 0  # of them, seen at a node's ask: the cancel came where no node was polled
     before_seen_max: float | None = None  # the most engine work before the reader saw the cancel, ms
+    wait_unknown_n: int = 0  # trials with no run-delay reading: their wait (if any) is in the rest
 
 
 def summarize(group: pd.DataFrame) -> dict:
@@ -116,7 +121,7 @@ def summarize(group: pd.DataFrame) -> dict:
             "work_p50": p50("work"), "work_max": float(group["work"].max()), "wait_p50": p50("wait"),
             "rest_p50": p50("rest"), "work_share": share("work"), "wait_share": share("wait"),
             "rest_share": share("rest"), "uncovered_max": float(group["uncovered"].abs().max()),
-            "seen_n": int(group["before_seen"].notna().sum()), "unpolled_n": int(group["unpolled"].sum()),
+            "seen_n": int(group["before_seen"].notna().sum()), "wait_unknown_n": int((~group["wait_known"]).sum()), "unpolled_n": int(group["unpolled"].sum()),
             "before_seen_max": float(group["before_seen"].max()) if group["before_seen"].notna().any() else None}
 
 
@@ -148,7 +153,7 @@ def _ms(v: float) -> str:
 
 def residue_section(cells: list[ResidueCell]) -> Section | None:
     """The split per cell and phase at receipt; None when no record has one (older datasets,
-    external engines, non-Linux hosts)."""
+    engines that send no readings, non-Linux hosts)."""
     if not cells:
         return None
     edge = max(c.uncovered_max for c in cells)
@@ -158,6 +163,10 @@ def residue_section(cells: list[ResidueCell]) -> Section | None:
             f"(they do); the reads missed at most {edge:.3f} ms of a trial's residue. graph_eval: of the trials its "
             "reader saw, those seen at a node's ask (the cancel came where no node was polled: the engine's own "
             "work between graphs), and the most engine work done before the reader saw a cancel")
+    unknown, n = sum(c.wait_unknown_n for c in cells), sum(c.n for c in cells)
+    if unknown:
+        note += (f". {unknown} of {n} trials have no run-delay reading (a receipt a native reader latched from "
+                 "the shared cancel word: no reader reads schedstat): their wait, if any, is counted in the rest")
     rows = [[c.workload, c.phase, c.mechanism, c.delivery, c.device, str(c.n), _ms(c.wall_p50), _ms(c.work_p50),
              _ms(c.wait_p50), _ms(c.rest_p50), _ms(c.wall_max), _ms(c.work_max),
              f"{c.work_share:.0%} / {c.wait_share:.0%} / {c.rest_share:.0%}",

@@ -109,3 +109,14 @@ def test_graph_eval_out_of_process_records_where_the_reader_saw_the_cancel(local
             (w, seen[["trial_observe_cpu_ms", "trial_cpu_ms", "engine_cancel_via"]])
         assert cancels[cancels.t_native_observed_ns.isna()].native_seen_where.isna().all()
         assert (cancels.trial_cpu_ms >= 0).all(), (w, cancels[["engine_cancel_via", "trial_cpu_ms"]])
+    # the residue split of these rows: a receipt with no run-delay reading (a word latch) is counted as such
+    import pyarrow as pa
+
+    from cancelbench.reports.residue import residue_of, residue_section
+
+    split = df[(df.trial_kind == "cancel") & (df.outcome == "cancelled") & df.trial_cpu_ms.notna()]
+    cells = residue_of(pa.Table.from_pandas(df, preserve_index=False))
+    assert sum(c.n for c in cells) == len(split) > 0
+    assert sum(c.wait_unknown_n for c in cells) == split.trial_cpu_wait_ms.isna().sum()
+    if split.trial_cpu_wait_ms.isna().any():
+        assert "have no run-delay reading" in residue_section(cells).note

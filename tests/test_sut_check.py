@@ -32,7 +32,7 @@ def lines(out: str) -> dict[str, str]:
     return got
 
 
-CHECKS = {"hello", "clock", "load", "phases", "steps", "cancel_before_run", "cancel_word", "cancel_after_done",
+CHECKS = {"hello", "clock", "load", "phases", "steps", "cancel_before_run", "cancel_word", "cpu", "cancel_after_done",
           "malformed_input", "shutdown"}
 
 
@@ -54,7 +54,7 @@ def test_the_python_text_engine_passes_every_check(small_model):
     assert r.returncode == 0, r.stdout + r.stderr
     assert CHECKS | {"cancel_in_prefill", "cancel_in_generate"} <= set(got), got
     assert set(got.values()) == {"PASS"}
-    assert "sut-check: 12 passed, 0 failed" in r.stdout
+    assert "sut-check: 13 passed, 0 failed" in r.stdout
 
 
 def test_the_c_engine_passes_every_check(small_model):

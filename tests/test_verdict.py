@@ -120,6 +120,19 @@ def test_sut_check_fails_a_reference_run_that_reports_a_cancel(mode, says):
     assert_none_left(tag)
 
 
+def test_sut_check_checks_the_trial_threads_readings():
+    """done.cpu (1.3) as the agent checks it: misbehave bad_cpu claims 10 s of CPU at its reference run's
+    end (its first run), and the cpu check fails naming that run; every other check passes."""
+    tag = uuid.uuid4().hex
+    r = sut_check(tag, "--setting", "steps=3", "--setting", "step_ms=5", "--", PY, str(MISBEHAVE), "bad_cpu", "1")
+    got = verdicts(r.stdout)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert got["cpu"][0] == "FAIL" and "sut-check.001.reference" in got["cpu"][1], got["cpu"]
+    assert "more than one thread can" in got["cpu"][1], got["cpu"]
+    assert all(v != "FAIL" for k, (v, _) in got.items() if k != "cpu"), got
+    assert_none_left(tag)
+
+
 def test_sut_check_names_a_process_the_engine_left_running_and_ends_it():
     """A child the engine started in its own session is outside its process group: the shutdown check
     fails naming it, and it is gone when sut-check returns."""

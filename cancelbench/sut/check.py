@@ -13,7 +13,8 @@ import queue
 import subprocess
 from dataclasses import dataclass, field
 
-
+from . import check_optional
+from .check_optional import Check
 from .client import EngineError, EngineProcess, end_leftovers, group_alive, in_trial
 from .declaration import Declaration, SettingError
 from .protocol import AUDIO_OUT, TRIAL_EVENTS
@@ -22,17 +23,8 @@ EXIT_OK, EXIT_FAILURES, EXIT_INPUT = 0, 1, 2  # the command's exit codes (cancel
 EVENT_TIMEOUT_S = 60.0  # a run that says nothing for this long fails its check (a hung engine)
 
 
-
 class CheckInputError(ValueError):
     """Bad options for sut-check (exit 2)."""
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str = ""
-    skipped: bool = False  # could not be tried here (ok stays True: nothing failed)
 
 
 @dataclass
@@ -48,6 +40,7 @@ class Run:
     t_done_read: int | None = None
     reach_ns: int | None = None
     stall_ns: int | None = None  # how long the cancel was held off a CPU (EngineProcess.stall_ns)
+    t_run: int = 0  # the checker wrote the run
 
     @property
     def phases(self) -> list[str]:
@@ -80,6 +73,7 @@ class Checker:
         self.decl: Declaration | None = None
         self.settings: dict = {}
         self._n = 0
+        self.runs: list[Run] = []  # every run so far (the cpu check reads their done.cpu)
 
     def _trial(self, what: str) -> str:
         self._n += 1
@@ -109,7 +103,8 @@ class Checker:
                "settings": self.settings, "output_path": None}
         if seq is not None:
             msg["cancel_seq"] = seq
-        t_run = proc.send_timed(msg)
+        t_run = run.t_run = proc.send_timed(msg)
+        self.runs.append(run)
         sent_cancel = cancel_first
         last = t_run
         while run.done is None:
@@ -195,20 +190,8 @@ class Checker:
         out.append(Check("phases", not problems, "; ".join(problems) or f"entered {' -> '.join(first)}"))
         out.append(self._steps(run))
         if self.decl.can(AUDIO_OUT):
-            out.append(self._audio(run))
+            out.append(check_optional.audio(self.proc.loaded, run))
         return out
-
-    def _audio(self, run: Run) -> Check:
-        """An engine that declares audio_out: its rate when loaded, its reference run's audio handed over."""
-        rate = self.proc.loaded.get("audio_sample_rate")
-        chunks = [e["samples"] for e in run.events if e["type"] == "audio"]
-        problems = [] if rate else ["loaded has no audio_sample_rate"]
-        if not chunks:
-            problems.append("the reference run handed no audio over (no audio event)")
-        if problems:
-            return Check("audio", False, "; ".join(problems))
-        return Check("audio", True, f"{len(chunks)} hand-over(s), {sum(chunks)} samples "
-                                    f"({sum(chunks) / rate:.2f} s at {rate} Hz)")
 
     def _steps(self, run: Run) -> Check:
         problems, open_step, counts, current = [], None, {}, None
@@ -319,6 +302,9 @@ class Checker:
         return Check("cancel_word", True, f"stopped by the word alone (received {seen:.2f} ms after the store, "
                                           f"stopped in {d['phase']}); a stale word did not cancel the next run")
 
+    def cpu(self) -> Check:
+        return check_optional.cpu(self.runs, self.proc.clock.uncertainty_ns)
+
     def cancel_after_done(self) -> Check:
         trial = self._trial("after")
         first = self.run(trial)
@@ -366,7 +352,7 @@ class Checker:
         return Check("shutdown", not problems, "; ".join(problems) or "exit status 0, nothing it started is left")
 
 
-STEPS = ("hello", "clock", "load", "reference", "cancel_before_run", "cancel_in_phases", "cancel_word",
+STEPS = ("hello", "clock", "load", "reference", "cancel_before_run", "cancel_in_phases", "cancel_word", "cpu",
          "cancel_after_done", "malformed_input", "shutdown")
 
 
