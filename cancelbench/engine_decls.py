@@ -174,6 +174,9 @@ def on_device(workload: dict, device_id: str) -> dict:
         for name in workload.get("device_settings", ()):
             if settings.get(name) is None:
                 settings[name] = device_n_gpu_layers(device_id)
+        for name in workload.get("sweep_settings", ()):  # 1.4: a declared seed with no default: the sweep's
+            if settings.get(name) is None and workload.get(name) is not None:
+                settings[name] = workload[name]
     elif workload.get("n_gpu_layers") is None:
         workload["n_gpu_layers"] = device_n_gpu_layers(device_id)
     return workload
@@ -203,6 +206,35 @@ def resolve_settings(kind: str, given: dict, where: str, device_id: str | None =
 def settings_record(kind: str, settings: dict) -> dict:
     """Resolved settings under their record columns (a TTS ``seed`` is ``sampling_seed``)."""
     return {s.record_column: settings[s.name] for s in DECLARATIONS[kind].settings}
+
+
+def builtin_settings() -> dict[str, Setting]:
+    """Every built-in engine's settings, once each (from the declarations as they are now); a name
+    two engines share must mean the same type there."""
+    out: dict[str, Setting] = {}
+    for decl in DECLARATIONS.values():
+        for s in decl.settings:
+            assert out.setdefault(s.name, s).type == s.type, s.name
+    return out
+
+
+def typed_columns(settings: dict, declaration: Declaration) -> dict:
+    """An external engine's effective ``settings`` as the built-in settings' typed record columns: a
+    setting it declares with a built-in setting's name and type fills that setting's column (``n_threads``,
+    a ``seed``'s ``sampling_seed``), if its value is one the built-in setting allows (bounds, the
+    column's width). Every other setting stays in engine_settings_json alone."""
+    out, builtins = {}, builtin_settings()
+    for name, value in settings.items():
+        builtin, declared = builtins.get(name), declaration.setting(name)
+        if builtin is None or declared is None or declared.type != builtin.type or value is None:
+            continue
+        if builtin.type == "int" and builtin.width == "int32" and not -(1 << 31) <= value < (1 << 31):
+            continue
+        try:
+            out[builtin.record_column] = builtin.check(value, name)
+        except SettingError:
+            continue
+    return out
 
 
 DOCS_BEGIN = "<!-- engine settings: generated from cancelbench/engine_decls.py by `python -m cancelbench.engine_decls` -->"

@@ -367,13 +367,12 @@ class Window:
         """The trial thread over the whole trial: Window built (run_trial entered) -> now (the record's
         columns taken, on that thread, right after the engine's run)."""
         end = own_thread_reading(self.trial_tid) if self._run0 is not None and self.trial_tid is not None else None
+        steal1 = _steal_ticks() if self._steal0 is not None else None  # the host's: an engine's process or not
+        steal = {} if steal1 is None else {"host_run_steal_ms": (steal1 - self._steal0) * _TICK_MS}
         if end is None or threading.get_native_id() != self.trial_tid:
-            return {}
-        steal1 = _steal_ticks() if self._steal0 is not None else None
+            return steal
         return {"trial_run_cpu_ms": (end[1] - self._run0[1]) / 1e6, "trial_run_wait_ms": (end[2] - self._run0[2]) / 1e6,
-                "trial_run_wall_ms": (end[0] - self._run0[0]) / 1e6,
-                "host_run_steal_ms": None if steal1 is None else (steal1 - self._steal0) * _TICK_MS,
-                "trial_cpu_source": "agent"}
+                "trial_run_wall_ms": (end[0] - self._run0[0]) / 1e6, **steal, "trial_cpu_source": "agent"}
 
     def columns(self) -> dict:
         """The record's columns: the whole trial's trial-thread figures, and the window's (none

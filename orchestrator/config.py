@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cancelbench.device_agents.engines.registry import BACKENDS, MAX_SEED
+from cancelbench.engine_decls import typed_columns
 from cancelbench.inputs import MAX_CONFIG_BYTES, load_toml, safe_component
 from cancelbench.schema import DELIVERIES, SETTINGS_COLUMNS
 
@@ -81,6 +82,7 @@ def trial_settings(config: SweepConfig, workload: WorkloadSpec, trial_kind: str,
     if workload.spec.external:  # a built-in engine's settings are typed columns of their own
         effective = {**workload.resolved_settings(), **(described.get("engine_settings") or {})}
         cols["engine_settings_json"] = json.dumps(effective, sort_keys=True, default=str)
+        cols.update({k: v for k, v in typed_columns(effective, workload.declaration).items() if k not in cols})
     return cols
 
 

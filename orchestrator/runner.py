@@ -35,6 +35,7 @@ from .corpus import load_inputs
 from .cancel_timer import CancelTimer
 from .device_run import DeviceRun, DeviceWork, SweepContext, _unwrap, run_devices
 from .progress import ProgressBars, Recorder
+from .workloads import sweep_seeded
 from .plan import (PLAN_HASH, Plan, build_plan, legacy_plan_sha256, plan_sha256,
                    planned_trials)
 from .plan import plan_table as plan_table_of
@@ -140,8 +141,7 @@ class Sweep:
             inputs[wl.name] = {str(it["id"]): it for it in items}
         try:
             local = not (self.address or os.environ.get("RAY_ADDRESS"))
-            # the sweep seed is the sampling seed of a workload that sets none (tts)
-            payloads = {wl.name: {"seed": self.config.seed, **workload_payload(wl, driver_sees_files=local)}
+            payloads = {wl.name: sweep_seeded(workload_payload(wl, driver_sees_files=local), wl, self.config.seed)
                         for wl in self.config.workloads}
             for wl in self.config.workloads:  # architecture vs engine, for the files this driver sees
                 if not wl.spec.external:  # an external engine's models are its own business

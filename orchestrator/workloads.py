@@ -14,20 +14,16 @@ from pathlib import Path
 
 from cancelbench.bargein import BargeinSettings
 from cancelbench.device_agents.engines.registry import (BACKENDS, ENGINES, EXTERNAL, EngineSpec, external_spec,
-                                                         is_external)
+                                                         MAX_SEED, is_external)
 from cancelbench.engine_decls import ALL_GPU_LAYERS, resolve_settings
 from cancelbench.inputs import expect_choice, expect_name
+from cancelbench.engine_decls import builtin_settings
 from cancelbench.sut.declaration import Declaration, SettingError
 
 from .bargein_config import check_bargein
 from .checks import ConfigError, check_names, check_number
 
-# Every built-in engine's settings, once each (cancelbench.sut.declaration.Setting); a name two
-# engines share must mean the same type there.
-BUILTIN_SETTINGS = {}
-for _spec in ENGINES.values():
-    for _s in _spec.declaration.settings:
-        assert BUILTIN_SETTINGS.setdefault(_s.name, _s).type == _s.type, _s.name
+BUILTIN_SETTINGS = builtin_settings()  # every built-in engine's settings, once each
 # Keys of an external workload (besides the common ones): how to start the engine.
 EXTERNAL_KEYS = ("command", "cwd", "env", "startup_timeout_s", "answer_timeout_s", "run_timeout_s", "cancel_word",
                  "settings")
@@ -71,6 +67,7 @@ class _WorkloadBase:
                  "cwd": self.cwd, "env": dict(self.env), "startup_timeout_s": self.startup_timeout_s,
                  "answer_timeout_s": self.answer_timeout_s, "run_timeout_s": self.run_timeout_s,
                  "cancel_word": self.cancel_word, "device_settings": self._device_settings(),
+                 "sweep_settings": self._sweep_settings(),
                  "contract": self.declaration.contract()}
         if self.spec.needs_model:
             d["model"], d["mmproj"] = self.model, self.mmproj
@@ -82,6 +79,14 @@ class _WorkloadBase:
         s = self.declaration.setting("n_gpu_layers")
         ok = s is not None and s.type == "int" and s.default is None and (s.max is None or s.max >= ALL_GPU_LAYERS)
         return ["n_gpu_layers"] if ok else []
+
+    def _sweep_settings(self) -> list[str]:
+        """An external engine's settings that take the sweep's value when unset (1.4): a ``seed`` it
+        declares as an integer with no default that admits every sweep seed, as a built-in TTS's."""
+        s = self.declaration.setting("seed")
+        ok = (s is not None and s.type == "int" and s.default is None and (s.min is None or s.min <= 0)
+              and (s.max is None or s.max >= MAX_SEED))
+        return ["seed"] if ok else []
 
     def settings_columns(self) -> dict:
         """The settings columns the config alone decides; the engine's effective values
@@ -291,3 +296,12 @@ def recorded_declaration(recorded: dict) -> Declaration | None:
                        mechanisms=tuple(MechanismInfo(**m) for m in d["mechanisms"]),
                        settings=tuple(Setting(**s) for s in d["settings"]),
                        capabilities=tuple(d.get("capabilities") or ()))
+
+
+def sweep_seeded(payload: dict, wl: WorkloadSpec, seed: int) -> dict:
+    """The sweep's seed is the sampling seed of a workload that sets none: a built-in engine's
+    declared ``seed`` (tts; resolved alone it derives 0), and an external engine's, which the
+    agent fills from the payload's ``seed`` (``sweep_settings``)."""
+    if "seed" not in wl.given_settings():
+        payload["seed"] = seed
+    return payload

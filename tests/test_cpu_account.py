@@ -92,7 +92,11 @@ def test_a_busy_threads_cpu_time_grows():
         stop.set()
         t.join()
     assert after[0] > before[0]  # ns on a CPU grew
-    assert set(ca.read_threads(os.getpid())) == {int(x) for x in os.listdir("/proc/self/task")}
+    # every thread of the process (one another module's Ray client started or ended meanwhile may differ)
+    listed = {int(x) for x in os.listdir("/proc/self/task")}
+    got = set(ca.read_threads(os.getpid()))
+    again = {int(x) for x in os.listdir("/proc/self/task")}
+    assert listed & again <= got <= listed | again, (listed, got, again)
 
 
 BUSY = "while True: pass"
@@ -233,7 +237,9 @@ def test_an_engine_process_gone_is_said_plainly():
     child.kill()
     child.wait()
     w.at_terminal()
-    assert w.columns() == {"cpu_account_source": f"unavailable: engine process {child.pid} gone"}
+    cols = w.columns()  # the host's steal over the trial is read whatever became of the engine process
+    assert cols.pop("host_run_steal_ms") >= 0
+    assert cols == {"cpu_account_source": f"unavailable: engine process {child.pid} gone"}
 
 
 @linux_only

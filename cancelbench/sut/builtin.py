@@ -38,7 +38,7 @@ from __future__ import annotations
 import sys
 
 from cancelbench.request import TrialRequest
-from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, AUDIO_OUT
+from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH, AUDIO_OUT
 
 from .declaration import Declaration
 from .server import Result, Trial, main as serve_main
@@ -93,10 +93,10 @@ class BuiltinEngine:
         self.engine = self.spec.make(self.workload(models, settings))
         if self.token is None:
             self.token = native.CancelToken()
-        described = self.engine.describe()
-        declared = {s.name for s in self.declaration.settings}
-        return {k: v for k, v in described.items()
-                if k in declared and isinstance(v, (bool, int, float, str))} or None
+        described = self.engine.describe()  # under record columns: a TTS seed is its sampling_seed
+        names = {s.record_column: s.name for s in self.declaration.settings}
+        return {names[k]: v for k, v in described.items()
+                if k in names and isinstance(v, (bool, int, float, str))} or None
 
     @property
     def audio_sample_rate(self) -> int | None:
@@ -163,7 +163,7 @@ class BuiltinEngine:
         if isinstance(res.output, dict) and res.output.get("known_answer_error_ms") is not None:
             counters["known_answer_error_ns"] = round(res.output["known_answer_error_ms"] * 1e6)
         phase = res.phase_at_terminal if res.phase_at_terminal in self.declaration.phase_names else None
-        at_receipt = {k: ctl.at_receipt.get(f"{k}_at_receipt") for k in AT_RECEIPT_FIELDS}
+        at_receipt = {k: ctl.at_receipt.get(f"{k}_at_receipt") for k in (*AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH)}
         return Result(res.outcome, t_terminal_ns=res.t_terminal_ns, phase=phase, output_sha256=res.output_sha256,
                       counters=counters, native_returned_ns=ctl.native_returned_ns, at_receipt=at_receipt)
 

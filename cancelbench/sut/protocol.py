@@ -47,6 +47,9 @@ AUDIO_CHUNK_MAX = (1 << 31) - 1  # audio.samples: one hand-over
 # 1.2: done.at_receipt's fields, the engine's progress when it took the cancel; each fills the record
 # column <name>_at_receipt (docs/sut-protocol.md, the done fields).
 AT_RECEIPT_FIELDS = ("input_tokens_done", "tokens_generated", "frames_generated")
+# 1.4: done.at_receipt.heavy_graph, the heavy graph in flight when it took the cancel (an identifier such as
+# code2wav or clip_encode; the record's heavy_graph_at_receipt).
+AT_RECEIPT_GRAPH = "heavy_graph"
 # 1.3: cancel_seen.where, where a reader inside a graph first saw the cancel (the record's native_seen_where),
 # and done.cpu, the trial thread's CPU clock and run delay at four moments of the run (docs/sut-protocol.md).
 SEEN_WHERE = ("range_end", "next_ask")
@@ -168,6 +171,7 @@ class AtReceipt(_Object):
     input_tokens_done: NonNegInt64 = 0
     tokens_generated: NonNegInt64 = 0
     frames_generated: NonNegInt64 = 0
+    heavy_graph: Ident = "x"
 
 
 class Done(_Object):

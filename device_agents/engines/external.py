@@ -21,7 +21,7 @@ import queue
 from cancelbench import native
 from cancelbench.request import TrialRequest
 from cancelbench.sut.client import EngineError, EngineProcess, Received, in_trial
-from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, AUDIO_OUT, TRIAL_EVENTS
+from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH, AUDIO_OUT, TRIAL_EVENTS
 
 from . import engine_cpu
 from .base import CancelControl, EngineInputError, EngineResult
@@ -264,7 +264,7 @@ class ExternalEngine:
         # Progress at receipt is the engine's done.at_receipt (1.2, bounds checked by the decode) or unknown:
         # never the agent's own 0, over which these are laid
         at_receipt = (msg.get("at_receipt") or {}) if msg.get("cancel_received_t") is not None else {}
-        self._columns.update({f"{k}_at_receipt": at_receipt.get(k) for k in AT_RECEIPT_FIELDS})
+        self._columns.update({f"{k}_at_receipt": at_receipt.get(k) for k in (*AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH)})
         self._columns.update(self._checked_stamps(msg, got, forwarded, counters))
         self._columns.update(self._cpu_columns(msg, got))
         self._columns["abort_polls"] = counters.get("abort_polls")

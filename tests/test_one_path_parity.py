@@ -1,0 +1,93 @@
+"""The one engine path's precondition (issue 34): a built-in engine out of process (the engine
+library, ``python -m cancelbench.sut.builtin``) fills every record column the same engine fills in
+the agent's process. One real sweep runs the TTS, STT and sim engines both ways side by side; per
+engine and trial kind, a column set in any in-process row is set in the out-of-process rows too,
+and the settings that shape a trial (typed columns, the sampling seed) are the same values."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from cancelbench.orchestrator.config import load_config
+from cancelbench.orchestrator.runner import run_sweep
+from cancelbench.sink import read_records
+
+SEED = 5
+PAIRS = {  # engine: (its workload's own keys, the same as the external engine's settings table)
+    "tts": ('model = "fixture:qwen3tts-fixture"\nmmproj = "fixture:qwen3tts-fixture"\ninputs = "tts_texts"',
+            "n_threads = 1, max_frames = 100"),
+    "stt": ('model = "fixture:qwen3asr-fixture"\nmmproj = "fixture:qwen3asr-fixture"\ninputs = "stt_clips"',
+            "n_threads = 1"),
+    "sim": ("", "sim_phase_us = 20000"),
+}
+# Columns only the protocol has: the engine process's own stamps, clock and counters, the cancel's trip.
+PROTOCOL_ONLY = {"cancel_reach_ns", "cancel_stall_ns", "engine_build_json", "engine_cancel_path",
+                 "engine_cancel_via", "engine_clock", "engine_clock_offset_ns", "engine_clock_uncertainty_ns",
+                 "engine_counters_json", "engine_settings_json", "protocol_hop_ms", "t_cancel_forwarded_ns",
+                 "t_engine_done_read_ns", "t_engine_received_ns", "engine_stderr"}
+TYPED = ["n_threads", "max_frames", "max_tokens", "sampling_seed", "n_batch", "n_ctx", "chunk_tokens",
+         "sim_phase_us", "sim_steps", "mmproj_offload", "n_gpu_layers"]
+
+
+def config_text() -> str:
+    text = f"""
+[sweep]
+seed = {SEED}
+trials_per_cell = 2
+reference_runs = 3
+mechanisms = ["graph_eval"]
+deliveries = ["agent"]
+ping_samples = 5
+[offsets]
+plan = "phase"
+min_per_phase = 1
+"""
+    for engine, (keys, settings) in PAIRS.items():
+        text += f"""
+[[workload]]
+name = "{engine}-in"
+engine = "{engine}"
+{keys}
+{settings.replace(", ", chr(10))}
+[[workload]]
+name = "{engine}-out"
+engine = "external"
+command = ["{sys.executable}", "-m", "cancelbench.sut.builtin", "{engine}"]
+{keys}
+settings = {{ {settings} }}
+"""
+    return text
+
+
+@pytest.fixture(scope="module")
+def records(local_ray, tmp_path_factory):
+    out = tmp_path_factory.mktemp("parity") / "out"
+    cfg = out.parent / "parity.toml"
+    cfg.write_text(config_text())
+    result = run_sweep(load_config(cfg), out, progress=False)
+    df = read_records(out)
+    assert result.exit_code == 0, df[["workload", "outcome", "error"]]
+    return df
+
+
+@pytest.mark.parametrize("engine", list(PAIRS))
+def test_out_of_process_rows_fill_every_column_the_in_process_rows_fill(records, engine):
+    df = records
+    for kind in ("reference", "cancel"):
+        inside = df[(df.workload == f"{engine}-in") & (df.trial_kind == kind)]
+        outside = df[(df.workload == f"{engine}-out") & (df.trial_kind == kind)]
+        assert len(inside) and len(inside) == len(outside), (engine, kind, len(inside), len(outside))
+        set_in, set_out = inside.notna().any(), outside.notna().any()
+        missing = sorted(c for c in df.columns if set_in[c] and not set_out[c])
+        assert not missing, (engine, kind, missing)
+        extra = sorted(c for c in df.columns if set_out[c] and not set_in[c])
+        assert set(extra) <= PROTOCOL_ONLY, (engine, kind, extra)  # the rest is what both paths record
+    both = df[df.workload.str.startswith(f"{engine}-")]
+    for col in TYPED:  # the same settings shaped both: typed, resolved, the sweep's seed where none is set
+        if col in both and both[col].notna().any():
+            assert both.groupby("workload")[col].nunique(dropna=False).max() == 1, (engine, col)
+            assert both[col].nunique(dropna=False) == 1, (engine, col, both[["workload", col]].drop_duplicates())
+    if engine == "tts":
+        assert (both.sampling_seed == SEED).all()  # the sweep's seed in both (a TTS workload sets none)
