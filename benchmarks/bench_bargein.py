@@ -6,7 +6,8 @@ codec frame, the real codec's rate, so the engine outruns real time and the play
 fills) streams into the playback model while the microphone stream
 (the bargein-v1 clips, 20 ms chunks) feeds Silero VAD; the detector's decision issues
 the cancel; between_calls against graph_eval; a 40 ms and a 200 ms playback buffer as two
-workloads. Writes ``benchmarks/results/bargein/`` (a dataset) and ``bargein.json``:
+workloads, and the 40 ms one again with the engine out of process (the built-in TTS through the
+engine protocol: its audio events feed the playback model). Writes ``benchmarks/results/bargein/`` (a dataset) and ``bargein.json``:
 
 * ``summary``: the report's cells (``cancelbench report benchmarks/results/bargein/``);
 * ``bargein``: the report's Barge-in section (onset to silence, its hops, what was heard);
@@ -24,6 +25,9 @@ workloads. Writes ``benchmarks/results/bargein/`` (a dataset) and ``bargein.json
     model's stamps: the audio of one hand-over (a 72-frame code2wav window) and its samples
     per frame, the first audio's time from the trial's start, and the audio handed over by
     the stop against the time it took (above 1: faster than real time, the buffer fills);
+  - ``process``: per device and mechanism, the 40 ms buffer in the agent's process and out of
+    it side by side: onset to silence, the engine stop (``latency_ms``, the protocol's hop
+    inside it), detection; what the protocol adds at p50;
 * ``detectors``: each detector setting offline on the labelled clips (no TTS running:
   ``cancelbench.device_agents.detectors.evaluate``), latency and false barge-ins.
 
@@ -90,10 +94,11 @@ def code2wav_check(df, refs: dict) -> list[dict]:
 def buffer_check(df) -> list[dict]:
     s = silenced_of(df)
     out = []
-    for (device, mech, buf), g in s.groupby([s.host + "/" + s.device, "mechanism", "playback_buffer_ms"]):
+    for (device, wl, mech, buf), g in s.groupby([s.host + "/" + s.device, "workload", "mechanism",
+                                                 "playback_buffer_ms"]):
         total, drain = _pct(g.onset_to_silence_ms, 0.5), _pct(g.drain_ms, 0.5)
         playing = g[g.audio_after_onset_ms > 0]  # the assistant was audible after the onset
-        out.append({"device": device, "mechanism": mech, "playback_buffer_ms": buf, "n": len(g),
+        out.append({"device": device, "workload": wl, "mechanism": mech, "playback_buffer_ms": buf, "n": len(g),
                     "n_audible_after_onset": len(playing),
                     "audible_drain_p50_ms": _pct(playing.drain_ms, 0.5),
                     "audible_heard_after_onset_p50_ms": _pct(playing.audio_after_onset_ms, 0.5),
@@ -125,18 +130,40 @@ def rate_check(df) -> list[dict]:
 
     c = df[(df.trial_kind == "cancel") & (df.audio_samples_handed > 0) & df.t_playback_start_ns.notna()]
     out = []
-    for (device, buf), g in c.groupby([c.host + "/" + c.device, "playback_buffer_ms"]):
+    for (device, wl, buf), g in c.groupby([c.host + "/" + c.device, "workload", "playback_buffer_ms"]):
         rate = float(g.audio_sample_rate.iloc[0])
         window = int(g.audio_samples_handed.min())  # a cancelled trial hands over whole windows only
         first_ms = (g.t_playback_start_ns - buf * 1e6 - g.t_start_ns) / 1e6  # playback starts a buffer after it
         audio_s = g.audio_samples_handed / rate
         elapsed_s = (g.t_terminal_ns - g.t_start_ns) / 1e9
-        out.append({"device": device, "playback_buffer_ms": buf, "n_with_audio": len(g), "sample_rate": rate,
+        out.append({"device": device, "workload": wl, "playback_buffer_ms": buf, "n_with_audio": len(g),
+                    "sample_rate": rate,
                     "samples_per_handover_min": window, "samples_per_frame": window / C2W_WINDOW_FRAMES,
                     "audio_ms_per_frame": 1000.0 * window / C2W_WINDOW_FRAMES / rate,
                     "first_audio_ms_p50": _pct(first_ms, 0.5),
                     "audio_over_elapsed_p50": _pct((audio_s / elapsed_s).tolist(), 0.5),
                     "faster_than_real_time": bool((audio_s > elapsed_s).all())})
+    return out
+
+
+IN_PROCESS, OUT_OF_PROCESS = "tts-buffer-40ms", "tts-out-buffer-40ms"
+
+
+def process_check(df) -> list[dict]:
+    """The 40 ms buffer in process and out of process, per device and mechanism: p50s side by side."""
+    s = silenced_of(df)
+    out = []
+    for (device, mech), g in s.groupby([s.host + "/" + s.device, "mechanism"]):
+        row = {"device": device, "mechanism": mech}
+        for w in (IN_PROCESS, OUT_OF_PROCESS):
+            c = g[g.workload == w]
+            row[w] = {"n": len(c), "onset_to_silence_p50_ms": _pct(c.onset_to_silence_ms, 0.5),
+                      "latency_p50_ms": _pct(c.latency_ms, 0.5), "detect_p50_ms": _pct(c.detect_ms, 0.5),
+                      "drain_p50_ms": _pct(c.drain_ms, 0.5), "protocol_hop_p50_ms": _pct(c.protocol_hop_ms, 0.5)}
+        a, b = row[IN_PROCESS], row[OUT_OF_PROCESS]
+        row["added_p50_ms"] = {k: (b[k] - a[k]) if a[k] is not None and b[k] is not None else None
+                               for k in ("onset_to_silence_p50_ms", "latency_p50_ms")}
+        out.append(row)
     return out
 
 
@@ -168,7 +195,7 @@ def main() -> int:
     for r in df[df.trial_kind == "reference"].to_dict("records"):
         refs.setdefault(f"{r['host']}/{r['device']}", []).append(r)
     checks = {"hops": hop_check(df), "code2wav": code2wav_check(df, refs), "buffer": buffer_check(df),
-              "detection": detection_check(df), "rate": rate_check(df)}
+              "detection": detection_check(df), "rate": rate_check(df), "process": process_check(df)}
     extra = {"bargein": {"cells": [c.__dict__ for c in report.bargein[0]],
                          "stops_by_phase": [p.__dict__ for p in report.bargein[1]]},
              "checks": checks, "detectors": offline_detectors()}
