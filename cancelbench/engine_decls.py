@@ -72,7 +72,7 @@ def _llama_settings(n_batch: int, chunk_tokens: int) -> tuple[Setting, ...]:
                 "layers offloaded to the device; default all on GPU devices, none on CPU"),
         Setting("use_extra_bufts", "bool", True, doc="llama.cpp weight repacking into extra CPU buffer types "
                 "(AMX tiles on x86, ...); false where a host faults in it"),
-        Setting("graph_slice_us", "int", DEFAULT_GRAPH_SLICE_US, 0, MAX_DURATION_US,
+        Setting("graph_slice_us", "int", DEFAULT_GRAPH_SLICE_US, 0, MAX_INT32,  # its int32 column's bound
                 "graph_eval: eval-reader work per synchronized node range, us (0: every node)"),
     )
 
@@ -222,13 +222,12 @@ def typed_columns(settings: dict, declaration: Declaration) -> dict:
     """An external engine's effective ``settings`` as the built-in settings' typed record columns: a
     setting it declares with a built-in setting's name and type fills that setting's column (``n_threads``,
     a ``seed``'s ``sampling_seed``), if its value is one the built-in setting allows (bounds, the
-    column's width). Every other setting stays in engine_settings_json alone."""
+    column's width: every built-in bound fits its column). Every other setting stays in
+    engine_settings_json alone."""
     out, builtins = {}, builtin_settings()
     for name, value in settings.items():
         builtin, declared = builtins.get(name), declaration.setting(name)
         if builtin is None or declared is None or declared.type != builtin.type or value is None:
-            continue
-        if builtin.type == "int" and builtin.width == "int32" and not -(1 << 31) <= value < (1 << 31):
             continue
         try:
             out[builtin.record_column] = builtin.check(value, name)

@@ -152,3 +152,17 @@ def test_an_external_engine_takes_the_device_default_only_where_its_declaration_
                                    "mechanisms": [{"name": "between_calls", "reaches": ""}], "settings": [setting]})
     spec = dataclasses.replace(WorkloadSpec(name="w", engine="external", command=("e",), model=None), declaration=decl)
     assert spec.engine_params()["device_settings"] == (["n_gpu_layers"] if takes else [])
+
+
+def test_every_integer_setting_fits_its_record_column():
+    """A declared bound the column cannot hold made every record of such a trial unwritable as Parquet
+    (graph_slice_us admitted 3.6e9 into an int32 column: the sweep kept them in an unwritten-*.jsonl)."""
+    from cancelbench.engine_decls import builtin_settings
+    from cancelbench.schema import RECORD_SCHEMA
+
+    widths = {"int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1)}
+    ints = [s for s in builtin_settings().values() if s.type == "int"]
+    assert len(ints) > 10
+    for s in ints:
+        lo, hi = widths[str(RECORD_SCHEMA.field(s.record_column).type)]
+        assert s.min is not None and s.max is not None and lo <= s.min <= s.max <= hi, (s.name, s.min, s.max)
