@@ -83,6 +83,7 @@ def test_derived_values_follow_the_settings_they_come_from():
     ({"prompt_tokens": 500, "max_tokens": 20, "n_ctx": 512}, r"prompt_tokens \+ max_tokens \(520\) exceeds n_ctx 512"),
     ({"n_batch": 0}, r"n_batch must be >= 1"),
     ({"graph_slice_us": -1}, r"graph_slice_us must be >= 0"),
+    ({"graph_slice_us": 3_000_000_000}, r"graph_slice_us must be <= 2147483647, got 3000000000"),
 ])
 def test_what_no_single_setting_says_is_checked_once(given, message):
     with pytest.raises(SettingError, match=message):

@@ -60,10 +60,14 @@ class Setting:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise SettingError(f"{where} must be a finite number, got {value!r}")
             value = float(value)
+
+        def bound(b) -> str:  # an integer bound exactly (2147483647, not 2.14748e+09)
+            return str(int(b)) if self.type == "int" and float(b).is_integer() else f"{b:g}"
+
         if self.min is not None and value < self.min:
-            raise SettingError(f"{where} must be >= {self.min:g}, got {value}")
+            raise SettingError(f"{where} must be >= {bound(self.min)}, got {value}")
         if self.max is not None and value > self.max:
-            raise SettingError(f"{where} must be <= {self.max:g}, got {value}")
+            raise SettingError(f"{where} must be <= {bound(self.max)}, got {value}")
         return value
 
     @property
