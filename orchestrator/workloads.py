@@ -74,19 +74,22 @@ class _WorkloadBase:
         return d
 
     def _device_settings(self) -> list[str]:
-        """An external engine's settings that take the device's default when unset: n_gpu_layers,
-        where it declares one with no default of its own that admits all layers."""
-        s = self.declaration.setting("n_gpu_layers")
-        ok = s is not None and s.type == "int" and s.default is None and (s.max is None or s.max >= ALL_GPU_LAYERS)
-        return ["n_gpu_layers"] if ok else []
+        """An external engine's settings that take the device's default when unset: an n_gpu_layers
+        that admits all layers."""
+        return self._unset_ints("n_gpu_layers", ALL_GPU_LAYERS)
 
     def _sweep_settings(self) -> list[str]:
-        """An external engine's settings that take the sweep's value when unset (1.4): a ``seed`` it
-        declares as an integer with no default that admits every sweep seed, as a built-in TTS's."""
-        s = self.declaration.setting("seed")
-        ok = (s is not None and s.type == "int" and s.default is None and (s.min is None or s.min <= 0)
-              and (s.max is None or s.max >= MAX_SEED))
-        return ["seed"] if ok else []
+        """An external engine's settings that take the sweep's value when unset (1.4): a ``seed`` that
+        admits every sweep seed, as a built-in TTS's."""
+        return self._unset_ints("seed", MAX_SEED, 0)
+
+    def _unset_ints(self, name: str, top: int, bottom: int | None = None) -> list[str]:
+        """``[name]`` if the engine declares it an integer with no default of its own whose bounds admit
+        ``top`` (and ``bottom``): the agent fills it when the workload leaves it unset."""
+        s = self.declaration.setting(name)
+        ok = (s is not None and s.type == "int" and s.default is None and (s.max is None or s.max >= top)
+              and (bottom is None or s.min is None or s.min <= bottom))
+        return [name] if ok else []
 
     def settings_columns(self) -> dict:
         """The settings columns the config alone decides; the engine's effective values
@@ -148,8 +151,6 @@ def parse_workload(raw: dict, i: int, declare=None) -> WorkloadSpec:
             raise ConfigError(f"{where}.{key} must be a non-empty string, got {kwargs[key]!r}")
     if "backends" in kwargs:
         kwargs["backends"] = check_names(kwargs["backends"], f"{where}.backends", BACKENDS)
-    if "bargein" in kwargs and not external:  # an external engine's: once its hello says what it streams
-        kwargs["bargein"] = check_bargein(kwargs["bargein"], ENGINES[engine], f"{where}.bargein")
     if external:
         kwargs.setdefault("model", None)
         kwargs.update(_external_keys(raw, where))
@@ -162,6 +163,8 @@ def parse_workload(raw: dict, i: int, declare=None) -> WorkloadSpec:
     spec = WorkloadSpec(**kwargs)
     if external:
         spec = _declared(spec, declare, where)
+    if spec.bargein is not None:  # once the engine's declaration (an external one's hello) says what it streams
+        spec = dataclasses.replace(spec, bargein=check_bargein(spec.bargein, spec.spec, f"{where}.bargein"))
     _check_workload(spec, where)
     return spec
 
@@ -200,8 +203,6 @@ def _declared(spec: WorkloadSpec, declare, where: str) -> WorkloadSpec:
         raise
     except Exception as exc:  # cancelbench.sut.client.EngineError: one line
         raise ConfigError(f"{where}: {exc}") from None
-    if spec.bargein is not None:
-        spec = dataclasses.replace(spec, bargein=check_bargein(spec.bargein, spec.spec, f"{where}.bargein"))
     try:
         spec.resolved_settings()
     except SettingError as exc:
