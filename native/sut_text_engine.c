@@ -564,8 +564,8 @@ static const int_setting SETTINGS[S_COUNT] = {
     [S_PROMPT_TOKENS] = {"prompt_tokens", 64, 1, 1 << 20, "prompt length: the input's tokens repeated or trimmed to this"},
     [S_MAX_TOKENS] = {"max_tokens", 8, 1, 1 << 20, "tokens generated greedily (one llama_decode step each)"},
     /* the built-in engines' setting (cancelbench/engine_decls.py): its default is
-     * DEFAULT_GRAPH_SLICE_US there, its max MAX_DURATION_US (one hour) */
-    [S_GRAPH_SLICE_US] = {"graph_slice_us", 2000, 0, 3600000000LL,
+     * DEFAULT_GRAPH_SLICE_US there, its max its int32 record column's (2^31 - 1 us) */
+    [S_GRAPH_SLICE_US] = {"graph_slice_us", 2000, 0, 2147483647LL,
                           "graph_eval: eval-reader work per synchronized node range, us (0: every node)"},
 };
 
