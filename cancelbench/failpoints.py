@@ -11,6 +11,7 @@ the cost of one ``os.environ`` lookup, and the product code path is unchanged.
 | ``CANCELBENCH_TEST_STEP_DELAY=FACTOR,PERIOD`` | the agent, inside each step call of an engine | one trial in PERIOD (chosen by a hash of its id) has every step call last FACTOR times as long, busy in native code with the GIL free: run-to-run variance for the anchor tests |
 | ``CANCELBENCH_TEST_COMPACT_PAUSE=STEP`` | compaction, at STEP (written, committed, removing) | the first time compaction reaches STEP it writes ``.compact-paused`` in the partition and waits to be killed: a SIGKILL at exactly that point |
 | ``CANCELBENCH_TEST_CLOCK_SKEW_NS=N`` | the native library, at its first load | adds N ns to the agent clock: a known skew for the clock-offset estimate |
+| ``CANCELBENCH_TEST_ENGINE_SIGNAL=SIGNAME,SUFFIX`` | a built-in engine in a process of its own (``cancelbench.sut.builtin``), at the first step call of a trial whose id ends with SUFFIX | the engine process sends itself SIGNAME (``SIGILL``): the crash of a field-scale model mid-trial, at a known trial |
 
 Tests that run agents on other hosts (tests/netns.py) drop every ``CANCELBENCH_TEST``
 variable from the hosts' environment. Every ``CANCELBENCH_TEST`` name in product
@@ -25,7 +26,8 @@ import os
 STEP_DELAY = "CANCELBENCH_TEST_STEP_DELAY"
 COMPACT_PAUSE = "CANCELBENCH_TEST_COMPACT_PAUSE"
 CLOCK_SKEW_NS = "CANCELBENCH_TEST_CLOCK_SKEW_NS"
-ALL = (STEP_DELAY, COMPACT_PAUSE, CLOCK_SKEW_NS)
+CRASH_SIGNAL = "CANCELBENCH_TEST_ENGINE_SIGNAL"
+ALL = (STEP_DELAY, COMPACT_PAUSE, CLOCK_SKEW_NS, CRASH_SIGNAL)
 
 
 def step_delay(trial_id: str) -> float | None:
@@ -51,3 +53,15 @@ def clock_skew_ns() -> int | None:
     """``CANCELBENCH_TEST_CLOCK_SKEW_NS``: the agent-clock skew to add, or None."""
     skew = os.environ.get(CLOCK_SKEW_NS)
     return int(skew) if skew else None
+
+
+def engine_signal(trial_id: str) -> int | None:
+    """``CANCELBENCH_TEST_ENGINE_SIGNAL``: the signal this trial's engine process sends itself at the
+    trial's first step call, or None."""
+    spec = os.environ.get(CRASH_SIGNAL)
+    if not spec:
+        return None
+    import signal
+
+    name, suffix = spec.split(",", 1)
+    return int(getattr(signal, name)) if trial_id.endswith(suffix) else None

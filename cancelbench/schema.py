@@ -50,8 +50,9 @@ from .outcome import (DEFECT_OUTCOMES, OUTCOMES, STOP_COLUMNS, classify_outcome,
 # (engine_cancel_path, engine_cancel_via); 9: the whole trial's span and steal (trial_run_wall_ms,
 # host_run_steal_ms: the noise check's steal); 10: cancel_stall_ns (the outcome rule's allowance for a cancel
 # held off a CPU); 11: trial_cpu_source (an external engine's trial-thread figures, engine-reported: protocol
-# 1.3); readers accept older versions (new columns null)
-SCHEMA_VERSION = 11
+# 1.3); 12: engine_process (a built-in engine in the agent's process or a child of its own); readers accept
+# older versions (new columns null)
+SCHEMA_VERSION = 12
 
 # Partition columns of the hive-partitioned dataset (values sanitized for paths).
 PARTITION_COLUMNS = ("backend", "host")
@@ -149,6 +150,7 @@ _FIELDS: list[tuple] = [
     ("agent_switch_interval_us", _F64, "host", "the agent process's Python switch interval (sys.getswitchinterval), µs: how long a cancel arriving while the engine runs Python may wait for the GIL"),
     ("workload", _STR, "settings", "workload name from the sweep config"),
     ("engine", _STR, "settings", "text | tts | stt | probe | sim (simulated: waits, not compute)"),
+    ("engine_process", _STR, "settings", "where the engine ran: agent (in the agent's process) | child (a process of its own the agent started and supervised, speaking the engine protocol: a built-in engine through the engine library, an external engine always); null in records older than schema 12"),
     ("model", _STR, "settings", "model file name"),
     ("model_sha256", _STR, "settings", "sha256 of the model file (verified against its lock on the agent)", "either"),
     ("mmproj", _STR, "settings", "multimodal projector file name (tts/stt), else null"),

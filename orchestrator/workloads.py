@@ -13,7 +13,8 @@ from dataclasses import field
 from pathlib import Path
 
 from cancelbench.bargein import BargeinSettings
-from cancelbench.device_agents.engines.registry import (BACKENDS, ENGINES, EXTERNAL, EngineSpec, external_spec,
+from cancelbench.device_agents.engines.registry import (AGENT, BACKENDS, CHILD, ENGINE_PROCESSES, ENGINES, EXTERNAL,
+                                                         EngineSpec, external_spec,
                                                          MAX_SEED, is_external)
 from cancelbench.engine_decls import ALL_GPU_LAYERS, resolve_settings
 from cancelbench.inputs import expect_choice, expect_name
@@ -28,7 +29,7 @@ BUILTIN_SETTINGS = builtin_settings()  # every built-in engine's settings, once 
 EXTERNAL_KEYS = ("command", "cwd", "env", "startup_timeout_s", "answer_timeout_s", "run_timeout_s", "cancel_word",
                  "settings")
 MAX_STARTUP_S, MAX_ANSWER_S, MAX_RUN_S = 600.0, 3600.0, 86400.0
-_COMMON_KEYS = ("name", "engine", "model", "mmproj", "lock", "inputs", "backends", "bargein")
+_COMMON_KEYS = ("name", "engine", "model", "mmproj", "lock", "inputs", "backends", "bargein", "engine_process")
 
 
 class _WorkloadBase:
@@ -62,6 +63,8 @@ class _WorkloadBase:
         """What the agent's engine is built from (the load payload, without locks)."""
         # None: the engine (or the agent, for the device's n_gpu_layers) chooses
         d = {"engine": self.engine, **{k: v for k, v in self.resolved_settings().items() if v is not None}}
+        if self.engine_process == CHILD and not is_external(self.engine):
+            d["engine_process"] = CHILD  # the agent starts it through the engine library (engines/builtin_child.py)
         if is_external(self.engine):
             d = {"engine": EXTERNAL, "settings": self.resolved_settings(), "command": list(self.command),
                  "cwd": self.cwd, "env": dict(self.env), "startup_timeout_s": self.startup_timeout_s,
@@ -98,7 +101,8 @@ class _WorkloadBase:
             return Path(spec.removeprefix("fixture:")).name if spec and self.spec.needs_model else None
 
         return {"workload": self.name, "engine": self.engine, "corpus": self.inputs if self.spec.needs_model else None,
-                "model": file_name(self.model), "mmproj": file_name(self.mmproj)}
+                "model": file_name(self.model), "mmproj": file_name(self.mmproj),
+                "engine_process": CHILD if is_external(self.engine) else self.engine_process}
 
 
 def _workload_fields() -> list:
@@ -108,6 +112,8 @@ def _workload_fields() -> list:
               ("inputs", str, field(default="text_prompts")),  # corpus name in datasets/corpora/
               ("backends", tuple, field(default=())),  # run only on devices of these backends (empty: all)
               ("bargein", BargeinSettings | None, field(default=None)),  # [workload.bargein] (docs/bargein.md)
+              # where a built-in engine runs: the agent's process, or a child it supervises (ENGINE_PROCESSES)
+              ("engine_process", str, field(default=AGENT)),
               # external engines (docs/sut-protocol.md)
               ("command", tuple, field(default=())), ("cwd", str | None, field(default=None)),
               ("env", tuple, field(default=())),  # (name, value) pairs
@@ -151,6 +157,11 @@ def parse_workload(raw: dict, i: int, declare=None) -> WorkloadSpec:
             raise ConfigError(f"{where}.{key} must be a non-empty string, got {kwargs[key]!r}")
     if "backends" in kwargs:
         kwargs["backends"] = check_names(kwargs["backends"], f"{where}.backends", BACKENDS)
+    if "engine_process" in kwargs:
+        expect_choice(kwargs["engine_process"], f"{where}.engine_process", ENGINE_PROCESSES, ConfigError)
+        if external and kwargs["engine_process"] != CHILD:
+            raise ConfigError(f"{where}.engine_process: an external engine always runs in a process of its own "
+                              f"({CHILD!r}), got {kwargs['engine_process']!r}")
     if external:
         kwargs.setdefault("model", None)
         kwargs.update(_external_keys(raw, where))

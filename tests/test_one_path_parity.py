@@ -1,12 +1,13 @@
-"""The one engine path's precondition (issue 34): a built-in engine out of process (the engine
-library, ``python -m cancelbench.sut.builtin``) fills every record column the same engine fills in
-the agent's process. One real sweep runs the TTS, STT and sim engines both ways side by side; per
-engine and trial kind, a column set in any in-process row is set in the out-of-process rows too,
-and the settings that shape a trial (typed columns, the sampling seed) are the same values."""
+"""The one engine path's precondition (issue 34): a built-in engine in a child process
+(``engine_process = "child"``: the agent runs ``python -m cancelbench.sut.builtin ENGINE`` through
+the engine protocol) fills every record column the same engine fills in the agent's process. One
+real sweep runs the text, TTS, STT, probe and sim engines both ways side by side; per engine and
+trial kind, a column set in any in-process row is set in the child's rows too, the settings that
+shape a trial (typed columns, the sampling seed) are the same values, and the rows say where each
+engine ran."""
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 
@@ -15,11 +16,13 @@ from cancelbench.orchestrator.runner import run_sweep
 from cancelbench.sink import read_records
 
 SEED = 5
-PAIRS = {  # engine: (its workload's own keys, the same as the external engine's settings table)
+PAIRS = {  # engine: (its workload's model keys, its settings)
+    "text": ('model = "fixture:text-llama-57m"\ninputs = "text_prompts"', "n_threads = 1, max_tokens = 8"),
     "tts": ('model = "fixture:qwen3tts-fixture"\nmmproj = "fixture:qwen3tts-fixture"\ninputs = "tts_texts"',
             "n_threads = 1, max_frames = 100"),
     "stt": ('model = "fixture:qwen3asr-fixture"\nmmproj = "fixture:qwen3asr-fixture"\ninputs = "stt_clips"',
             "n_threads = 1"),
+    "probe": ("", "duration_us = 60000"),
     "sim": ("", "sim_phase_us = 20000"),
 }
 # Columns only the protocol has: the engine process's own stamps, clock and counters, the cancel's trip.
@@ -27,6 +30,7 @@ PROTOCOL_ONLY = {"cancel_reach_ns", "cancel_stall_ns", "engine_build_json", "eng
                  "engine_cancel_via", "engine_clock", "engine_clock_offset_ns", "engine_clock_uncertainty_ns",
                  "engine_counters_json", "engine_settings_json", "protocol_hop_ms", "t_cancel_forwarded_ns",
                  "t_engine_done_read_ns", "t_engine_received_ns", "engine_stderr"}
+PROTOCOL_ONLY -= {"engine_build_json", "engine_settings_json"}  # a built-in engine's: its typed columns, the agent's build
 TYPED = ["n_threads", "max_frames", "max_tokens", "sampling_seed", "n_batch", "n_ctx", "chunk_tokens",
          "sim_phase_us", "sim_steps", "mmproj_offload", "n_gpu_layers"]
 
@@ -53,10 +57,10 @@ engine = "{engine}"
 {settings.replace(", ", chr(10))}
 [[workload]]
 name = "{engine}-out"
-engine = "external"
-command = ["{sys.executable}", "-m", "cancelbench.sut.builtin", "{engine}"]
+engine = "{engine}"
+engine_process = "child"
 {keys}
-settings = {{ {settings} }}
+{settings.replace(", ", chr(10))}
 """
     return text
 
@@ -89,5 +93,7 @@ def test_out_of_process_rows_fill_every_column_the_in_process_rows_fill(records,
         if col in both and both[col].notna().any():
             assert both.groupby("workload")[col].nunique(dropna=False).max() == 1, (engine, col)
             assert both[col].nunique(dropna=False) == 1, (engine, col, both[["workload", col]].drop_duplicates())
+    assert set(both.groupby("workload").engine_process.unique().map(tuple)) == {("agent",), ("child",)}
+    assert (both.engine == engine).all() and both.engine_build_json.isna().all()  # a built-in row, both ways
     if engine == "tts":
         assert (both.sampling_seed == SEED).all()  # the sweep's seed in both (a TTS workload sets none)

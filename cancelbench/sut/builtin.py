@@ -35,8 +35,10 @@ Input: ``run.input`` is the prompt text (text, tts), the WAV path (stt), ignored
 
 from __future__ import annotations
 
+import os
 import sys
 
+from cancelbench import failpoints
 from cancelbench.request import TrialRequest
 from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH, AUDIO_OUT
 
@@ -45,10 +47,13 @@ from .server import Result, Trial, main as serve_main
 
 
 def declaration_of(name: str) -> Declaration:
-    """The built-in engine's declaration as its hello (name ``cancelbench-<name>``)."""
+    """The built-in engine's declaration as its hello says it (name ``cancelbench-<name>``, the
+    capabilities the library adds: ``server.LIBRARY_CAPABILITIES``)."""
     import dataclasses
 
     from cancelbench.device_agents.engines.registry import engine_spec
+
+    from .server import LIBRARY_CAPABILITIES
 
     decl = engine_spec(name).declaration
     if not decl.name.startswith("cancelbench-"):
@@ -56,7 +61,8 @@ def declaration_of(name: str) -> Declaration:
     if decl.version in ("", "0"):
         import cancelbench
         decl = dataclasses.replace(decl, version=cancelbench.__version__)
-    return decl
+    caps = (*decl.capabilities, *(c for c in LIBRARY_CAPABILITIES if c not in decl.capabilities))
+    return dataclasses.replace(decl, capabilities=caps)
 
 
 class BuiltinEngine:
@@ -146,7 +152,11 @@ class BuiltinEngine:
         token = self.token
         token.reset()
         token.watch(trial.word, trial.cancel_seq)  # the shared cancel word: every reader sees it at its next poll
-        progress = Progress(step_calls=self.spec.step_calls, listener=self._listener(trial, token))
+        listener = self._listener(trial, token)
+        crash = failpoints.engine_signal(trial.id)
+        if crash is not None:  # a test's crash mid-trial (cancelbench.failpoints): at the first step call
+            listener = _crashing(listener, crash)
+        progress = Progress(step_calls=self.spec.step_calls, listener=listener)
         if self.declaration.can(AUDIO_OUT):  # each window's audio, as the engine hands it to a player
             progress.audio_listener = _audio_out(trial)
         ctl = CancelControl(token, progress)
@@ -166,6 +176,15 @@ class BuiltinEngine:
         at_receipt = {k: ctl.at_receipt.get(f"{k}_at_receipt") for k in (*AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH)}
         return Result(res.outcome, t_terminal_ns=res.t_terminal_ns, phase=phase, output_sha256=res.output_sha256,
                       counters=counters, native_returned_ns=ctl.native_returned_ns, at_receipt=at_receipt)
+
+
+def _crashing(listener, sig: int):
+    """The listener, then this process's own ``sig`` at the first step call."""
+    def crash(event: str, phase: str, t_ns: int) -> None:
+        listener(event, phase, t_ns)
+        if event == "step":
+            os.kill(os.getpid(), sig)
+    return crash
 
 
 def _audio_out(trial: Trial):

@@ -100,8 +100,14 @@ ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
                needs_model=False),
 )}
 EXTERNAL = "external"  # the engine name of workloads that run a team's own engine (docs/sut-protocol.md)
+# Where a workload's engine runs (a workload's engine_process, a record column): in the agent's process,
+# or in a child process the agent starts and supervises, speaking the engine protocol (a built-in engine
+# through the engine library, cancelbench.sut.builtin; an external engine always).
+AGENT, CHILD = "agent", "child"
+ENGINE_PROCESSES = (AGENT, CHILD)
 SPEECH_ENGINES = tuple(name for name, spec in ENGINES.items() if spec.speech)
 _EXTERNAL_FACTORY = ".external:ExternalEngine"
+_BUILTIN_CHILD_FACTORY = ".builtin_child:BuiltinChildEngine"
 
 
 def is_external(engine: str | None) -> bool:
@@ -113,6 +119,8 @@ def make_engine(payload: dict):
     """The engine a workload's payload names, built (an agent's side: it imports the engine's module)."""
     name = payload.get("engine", "text")
     factory = _EXTERNAL_FACTORY if is_external(name) else engine_spec(name).factory
+    if not is_external(name) and payload.get("engine_process") == CHILD:
+        factory = _BUILTIN_CHILD_FACTORY
     module, cls = factory.split(":")
     return getattr(importlib.import_module(module, __package__), cls)(payload)
 
