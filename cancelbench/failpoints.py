@@ -8,7 +8,7 @@ the cost of one ``os.environ`` lookup, and the product code path is unchanged.
 
 | variable | where it acts | what it does |
 |---|---|---|
-| ``CANCELBENCH_TEST_STEP_DELAY=FACTOR,PERIOD`` | the agent, inside each step call of an engine | one trial in PERIOD (chosen by a hash of its id) has every step call last FACTOR times as long, busy in native code with the GIL free: run-to-run variance for the anchor tests |
+| ``CANCELBENCH_TEST_STEP_DELAY=FACTOR,PERIOD`` | inside each step call of a built-in engine (in the agent, or in its own process) | one trial in PERIOD (chosen by a hash of its id) has every step call last FACTOR times as long, busy in native code with the GIL free: run-to-run variance for the anchor tests |
 | ``CANCELBENCH_TEST_COMPACT_PAUSE=STEP`` | compaction, at STEP (written, committed, removing) | the first time compaction reaches STEP it writes ``.compact-paused`` in the partition and waits to be killed: a SIGKILL at exactly that point |
 | ``CANCELBENCH_TEST_CLOCK_SKEW_NS=N`` | the native library, at its first load | adds N ns to the agent clock: a known skew for the clock-offset estimate |
 | ``CANCELBENCH_TEST_ENGINE_SIGNAL=SIGNAME,SUFFIX`` | a built-in engine in a process of its own (``cancelbench.sut.builtin``), at the first step call of a trial whose id ends with SUFFIX | the engine process sends itself SIGNAME (``SIGILL``): the crash of a field-scale model mid-trial, at a known trial |

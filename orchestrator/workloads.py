@@ -45,6 +45,14 @@ class _WorkloadBase:
             raise ConfigError(f"workload {self.name}: its external engine has not said hello yet")
         return external_spec(self.declaration, needs_model=bool(self.model))
 
+    @property
+    def process(self) -> str:
+        """Where its engine runs (ENGINE_PROCESSES): the workload's engine_process, else the agent's
+        process; an external engine always in a process of its own."""
+        if is_external(self.engine):
+            return CHILD
+        return self.engine_process or AGENT
+
     def given_settings(self) -> dict:
         """The engine settings the config gave (built-in: the keys set; external: its table)."""
         if is_external(self.engine):
@@ -63,7 +71,7 @@ class _WorkloadBase:
         """What the agent's engine is built from (the load payload, without locks)."""
         # None: the engine (or the agent, for the device's n_gpu_layers) chooses
         d = {"engine": self.engine, **{k: v for k, v in self.resolved_settings().items() if v is not None}}
-        if self.engine_process == CHILD and not is_external(self.engine):
+        if self.process == CHILD and not is_external(self.engine):
             d["engine_process"] = CHILD  # the agent starts it through the engine library (engines/builtin_child.py)
         if is_external(self.engine):
             d = {"engine": EXTERNAL, "settings": self.resolved_settings(), "command": list(self.command),
@@ -102,7 +110,7 @@ class _WorkloadBase:
 
         return {"workload": self.name, "engine": self.engine, "corpus": self.inputs if self.spec.needs_model else None,
                 "model": file_name(self.model), "mmproj": file_name(self.mmproj),
-                "engine_process": CHILD if is_external(self.engine) else self.engine_process}
+                "engine_process": self.process}
 
 
 def _workload_fields() -> list:
@@ -113,7 +121,7 @@ def _workload_fields() -> list:
               ("backends", tuple, field(default=())),  # run only on devices of these backends (empty: all)
               ("bargein", BargeinSettings | None, field(default=None)),  # [workload.bargein] (docs/bargein.md)
               # where a built-in engine runs: the agent's process, or a child it supervises (ENGINE_PROCESSES)
-              ("engine_process", str, field(default=AGENT)),
+              ("engine_process", str | None, field(default=None)),  # None: the engine's default
               # external engines (docs/sut-protocol.md)
               ("command", tuple, field(default=())), ("cwd", str | None, field(default=None)),
               ("env", tuple, field(default=())),  # (name, value) pairs

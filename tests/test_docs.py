@@ -214,3 +214,54 @@ def test_make_demo_runs_every_mechanism_graph_eval_included():
     demo = re.search(r"^demo:.*\n\t(.*)$", makefile, re.M).group(1)
     config_path = re.search(r"--config (\S+)", demo).group(1)
     assert set(load_config(ROOT / config_path).mechanisms) == set(MECHANISM_NAMES)
+
+
+# `path/to/file.py` (`Name`, `Class.method`, ...): a file of the one-cancel trace and what runs in it
+_TRACE_NAMED = re.compile(r"`([\w/]+\.py)` \(([^()]*)\)")
+
+
+def trace_names(text: str) -> list[tuple[str, list[str]]]:
+    """docs/layout.md's "One cancel, file by file": each file it names with the functions after it in
+    parentheses (backticked identifiers; prose and other backticked words in them are left out)."""
+    section = re.search(r"^## One cancel, file by file\n(.*?)^## ", text, re.S | re.M).group(1)
+    section = " ".join(section.split())
+    out = []
+    for path, inside in _TRACE_NAMED.findall(section):
+        names = re.findall(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?)`", inside)
+        if names and all(re.fullmatch(r"`[A-Za-z_][\w.]*`", n.strip()) for n in inside.split(",")):
+            out.append((path, names))
+    return out
+
+
+def _defined(path: Path) -> dict[str, set[str]]:
+    """Top-level names a module defines -> the methods of each (a function: empty)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    return {n.name: {m.name for m in n.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            if isinstance(n, ast.ClassDef) else set()
+            for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def test_trace_reads_files_and_their_functions():
+    sample = ("## One cancel, file by file\n\n1. `a/b.py` (`Run.go`, `_help`) calls\n   `c.py` (`f`);"
+              " `d.py` (`x`: the prose) and `e.py` (`g`, then more).\n## Next\n")
+    assert trace_names(sample) == [("a/b.py", ["Run.go", "_help"]), ("c.py", ["f"])]
+
+
+def test_every_function_the_one_cancel_trace_names_exists():
+    """Each function docs/layout.md's one-cancel trace names after a file is defined there (a method:
+    in its class, or, named alone after one, in one of the file's classes): a renamed or moved
+    function fails here until the trace follows it."""
+    pairs = trace_names((ROOT / "docs" / "layout.md").read_text())
+    assert len(pairs) >= 8, pairs  # the trace was read
+    modules = product_modules()
+    for path, names in pairs:
+        found = [p for p in modules if str(p.relative_to(ROOT)).endswith(path)]
+        assert len(found) == 1, (path, found)
+        defined = _defined(found[0])
+        methods = set().union(*defined.values())
+        for name in names:
+            cls, _, method = name.rpartition(".")
+            ok = method in defined.get(cls, set()) if cls else (name in defined or name in methods)
+            assert ok, f"docs/layout.md's one-cancel trace names {name} in {path}, which defines no such function"

@@ -145,7 +145,7 @@ class BuiltinEngine:
         trial.on_cancel = ctl.request
 
     def run(self, trial: Trial) -> Result:
-        from cancelbench.device_agents.engines.base import CancelControl, Progress
+        from cancelbench.device_agents.engines.base import CancelControl, Progress, step_stretch
 
         if self.engine is None:
             raise RuntimeError("run before a successful load")
@@ -160,6 +160,7 @@ class BuiltinEngine:
         if self.declaration.can(AUDIO_OUT):  # each window's audio, as the engine hands it to a player
             progress.audio_listener = _audio_out(trial)
         ctl = CancelControl(token, progress)
+        ctl.step_delay = step_stretch(trial.id)  # a test's injected variance (cancelbench.failpoints); None in real runs
         self.arm(trial, ctl)
         request = TrialRequest(mechanism=trial.mechanism, input=trial.input, trial_id=trial.id,
                                wav_out=trial.output_path)
