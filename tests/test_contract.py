@@ -205,3 +205,42 @@ def test_a_cancel_after_the_engines_terminal_decision_is_refused_not_dropped():
     assert ctl.request(native.now_ns()) is True
     requested, t_terminal = ctl.close()
     assert requested and ctl.received_ns <= t_terminal
+
+
+def test_a_cancel_a_native_reader_latched_from_the_shared_word_inside_a_call_stamps_its_return():
+    """An engine process's native reader can latch the shared cancel word inside a call before the
+    cancel line is read (a busy host's stdin thread wakes late): that receipt came while the call
+    was in flight, so the call's return is stamped (t_native_returned_ns, return_ms, settle_ms), as
+    when the line comes first. Taken only after the call, it left those columns null."""
+    import threading
+    import time
+
+    import pytest
+
+    from cancelbench import native
+    from cancelbench.device_agents.engines.base import CancelControl, Cancelled, Progress
+    from cancelbench.sut import cancel_word
+
+    word = cancel_word.create()
+    if word is None:
+        pytest.skip("no shared cancel word on this platform")
+    try:
+        ctl = CancelControl(native.CancelToken(), Progress())
+        ctl.token.watch(word.address, 7)
+        stored = []
+
+        def store_once_in_flight() -> None:  # no line, no request(): only the reader inside the call sees it
+            while ctl.progress.native_call is None:
+                time.sleep(0.001)
+            stored.append(word.store(7))
+
+        storer = threading.Thread(target=store_once_in_flight)
+        storer.start()
+        with pytest.raises(Cancelled):
+            ctl.call("cb_probe_busy", native.probe_busy, ctl.token, 10_000_000, 100)
+        storer.join()
+        assert ctl.requested and ctl.token.set_by_word
+        assert ctl.at_receipt["native_call_at_receipt"] == "cb_probe_busy"
+        assert ctl.native_returned_ns is not None and stored[0] <= ctl.received_ns <= ctl.native_returned_ns
+    finally:
+        word.close()

@@ -1,12 +1,12 @@
 """The one engine path's precondition (issue 34): a built-in engine in a child process
 (``engine_process = "child"``: the agent runs ``python -m cancelbench.sut.builtin ENGINE`` through
 the engine protocol) fills every record column the same engine fills in the agent's process. One
-real sweep runs the text, TTS, STT and sim engines both ways side by side; per engine and
+real sweep runs the text, TTS, STT, probe and sim engines both ways side by side; per engine and
 trial kind, a column set in any in-process row is set in the child's rows too, the settings that
 shape a trial (typed columns, the sampling seed) are the same values, and the rows say where each
-engine ran. The probe is not here yet: run beside a busy machine its child's cancel rows lacked
-t_native_returned_ns, return_ms, settle_ms and trial_cpu_wait_ms that its in-process rows had
-(issue 34, left open)."""
+engine ran. The probe's child rows once lacked the native-return columns beside a busy machine:
+its reader latched the shared cancel word inside the call before the line was read, and the
+receipt was taken only after the call returned (tests/test_contract.py has that case alone)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ PAIRS = {  # engine: (its workload's model keys, its settings)
             "n_threads = 1, max_frames = 100"),
     "stt": ('model = "fixture:qwen3asr-fixture"\nmmproj = "fixture:qwen3asr-fixture"\ninputs = "stt_clips"',
             "n_threads = 1"),
+    "probe": ("", "duration_us = 60000"),
     "sim": ("", "sim_phase_us = 20000"),
 }
 # Columns only the protocol has: the engine process's own stamps, clock and counters, the cancel's trip.

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from cancelbench.sink import RecordSink, read_manifest, read_records
 from helpers import probe_sweep
@@ -81,9 +82,12 @@ def test_error_found_after_ray_started_is_the_last_stderr_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_sweep_whose_reference_runs_all_fail_stops_before_its_cancel_trials(tmp_path):
+@pytest.mark.parametrize("engine_process", ["agent", "child"])
+def test_a_sweep_whose_reference_runs_all_fail_stops_before_its_cancel_trials(tmp_path, engine_process):
     """Every reference run errors (a language the TTS model does not know): the cancel trials are not
-    run into the same error; one line says why, exit 1 (error records were written)."""
+    run into the same error; one line says why, exit 1 (error records were written). In a child the
+    corpus item's language reaches the engine as the run's ``lang`` (protocol 1.5): dropped, the
+    child synthesised the item in the workload's language and every run completed."""
     corpus = tmp_path / "klingon.jsonl"
     corpus.write_text(json.dumps({"id": "k1", "text": "Hello there, this is a test.", "lang": "klingon"}) + "\n")
     cfg = write(tmp_path, f"""
@@ -95,6 +99,7 @@ ping_samples = 3
 [[workload]]
 name = "tts"
 engine = "tts"
+engine_process = "{engine_process}"
 model = "fixture:qwen3tts-fixture"
 mmproj = "fixture:qwen3tts-fixture"
 inputs = "{corpus}"

@@ -163,7 +163,7 @@ class BuiltinEngine:
         ctl.step_delay = step_stretch(trial.id)  # a test's injected variance (cancelbench.failpoints); None in real runs
         self.arm(trial, ctl)
         request = TrialRequest(mechanism=trial.mechanism, input=trial.input, trial_id=trial.id,
-                               wav_out=trial.output_path)
+                               wav_out=trial.output_path, lang=_run_lang(trial, self.declaration))
         res = self.engine.run(request, ctl)
         if ctl.received_ns is not None:  # a receipt the token took from the word, before the line was read
             trial.took_cancel(ctl.received_ns, "word" if ctl.token.set_by_word else "line")
@@ -177,6 +177,12 @@ class BuiltinEngine:
         at_receipt = {k: ctl.at_receipt.get(f"{k}_at_receipt") for k in (*AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH)}
         return Result(res.outcome, t_terminal_ns=res.t_terminal_ns, phase=phase, output_sha256=res.output_sha256,
                       counters=counters, native_returned_ns=ctl.native_returned_ns, at_receipt=at_receipt)
+
+
+def _run_lang(trial: Trial, declaration: Declaration) -> str | None:
+    """The run's ``lang`` (a corpus item's own language, protocol 1.5) for an engine declaring one."""
+    lang = trial.settings.get("lang")
+    return lang if isinstance(lang, str) and declaration.setting("lang") is not None else None
 
 
 def _crashing(listener, sig: int):

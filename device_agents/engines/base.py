@@ -238,6 +238,11 @@ class CancelControl:
                 self.step_delay(t0)
         finally:
             now = native.now_ns()
+            if self.token.watching is not None and not self.requested:
+                # An engine process: its reader may have latched the shared word inside this call
+                # before the cancel line was read. Taken now, while the call still shows in flight,
+                # so its return is stamped as one a cancel reached (the agent's process: no read).
+                self._take_word()
             if step:
                 took, shortest = now - t0, progress.step_min_ns.get(progress.phase)
                 if shortest is None or took < shortest:

@@ -100,6 +100,14 @@ class ExternalEngine:
         self.restarts += 1
         self._start()
 
+    def _run_settings(self, request: TrialRequest) -> dict:
+        """The load's settings, with the corpus item's own language as ``lang`` (1.5) where the engine
+        declares a string setting of that name: an item in another language is run in it."""
+        declared = self.declaration.setting("lang")
+        if request.lang is None or declared is None or declared.type != "string":
+            return self.settings
+        return {**self.settings, "lang": request.lang}
+
     def run_bound_ns(self) -> int:
         """The longest this run may take before the engine is killed (see RUN_BOUND_FIRST_S)."""
         if self.run_timeout_s is not None:
@@ -125,7 +133,7 @@ class ExternalEngine:
         if request.wav_out:  # where the engine may write the reference run's audio: its folder exists
             os.makedirs(os.path.dirname(request.wav_out), exist_ok=True)
         run = {"type": "run", "trial": trial, "mechanism": request.mechanism, "input": request.input,
-               "settings": self.settings, "output_path": request.wav_out}
+               "settings": self._run_settings(request), "output_path": request.wav_out}
         if seq is not None:
             run["cancel_seq"] = seq
         t_run = proc.send_timed(run)
