@@ -17,6 +17,10 @@ DONE = {"type": "done", "trial": "t1", "outcome": "cancelled", "t": 10, "phase":
     ({"tokens_generated": 3, "input_tokens_done": 64, "frames_generated": 0}, True),
     ({"tokens_generated": 3}, True),
     ({"tokens_generated": 3, "later_field": "x"}, True),  # unknown fields ignored (a later revision)
+    ({"native_call": "llama_decode", "heavy_graph": "code2wav"}, True),  # 1.5, 1.4
+    ({"native_call": "llama decode\u001b[31m"}, False),  # an identifier only: nothing a terminal would run
+    ({"native_call": "x" * 65}, False),
+    ({"native_call": 3}, False),
     ({"tokens_generated": -1}, False),
     ({"input_tokens_done": 2**63}, False),
     ({"frames_generated": 1.5}, False),
@@ -48,9 +52,10 @@ def test_the_engine_library_sends_it_with_a_receipt_only():
         def send(self, msg):
             sent.append(msg)
 
-    res = Result("cancelled", at_receipt={"tokens_generated": 2, "input_tokens_done": None, "other": 9})
+    res = Result("cancelled", at_receipt={"tokens_generated": 2, "input_tokens_done": None, "other": 9,
+                                          "native_call": "llama_decode", "heavy_graph": None})
     assert "at_receipt" not in Trial(Server(), RUN, 1)._done(res)  # no receipt: nothing to say it of
     trial = Trial(Server(), RUN, 1)
     assert trial.took_cancel(7, "line")
     done = trial._done(res)
-    assert done["at_receipt"] == {"tokens_generated": 2} and done["cancel_received_t"] == 7
+    assert done["at_receipt"] == {"tokens_generated": 2, "native_call": "llama_decode"} and done["cancel_received_t"] == 7

@@ -91,6 +91,8 @@ def test_out_of_process_rows_fill_every_column_the_in_process_rows_fill(records,
         assert not missing, (engine, kind, missing)
         extra = sorted(c for c in df.columns if set_out[c] and not set_in[c])
         assert set(extra) <= PROTOCOL_ONLY, (engine, kind, extra)  # the rest is what both paths record
+        # the engine names its own call in flight at receipt (1.5), not the agent's "step"
+        assert "step" not in set(outside.native_call_at_receipt.dropna()), (engine, kind)
     both = df[df.workload.str.startswith(f"{engine}-")]
     for col in TYPED:  # the same settings shaped both: typed, resolved, the sweep's seed where none is set
         if col in both and both[col].notna().any():

@@ -40,7 +40,7 @@ import sys
 
 from cancelbench import failpoints
 from cancelbench.request import TrialRequest
-from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH, AUDIO_OUT
+from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, AT_RECEIPT_NAMES, AUDIO_OUT
 
 from .declaration import Declaration
 from .server import Result, Trial, main as serve_main
@@ -174,7 +174,7 @@ class BuiltinEngine:
         if isinstance(res.output, dict) and res.output.get("known_answer_error_ms") is not None:
             counters["known_answer_error_ns"] = round(res.output["known_answer_error_ms"] * 1e6)
         phase = res.phase_at_terminal if res.phase_at_terminal in self.declaration.phase_names else None
-        at_receipt = {k: ctl.at_receipt.get(f"{k}_at_receipt") for k in (*AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH)}
+        at_receipt = {k: ctl.at_receipt.get(f"{k}_at_receipt") for k in (*AT_RECEIPT_FIELDS, *AT_RECEIPT_NAMES)}
         return Result(res.outcome, t_terminal_ns=res.t_terminal_ns, phase=phase, output_sha256=res.output_sha256,
                       counters=counters, native_returned_ns=ctl.native_returned_ns, at_receipt=at_receipt)
 

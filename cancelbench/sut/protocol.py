@@ -50,6 +50,10 @@ AT_RECEIPT_FIELDS = ("input_tokens_done", "tokens_generated", "frames_generated"
 # 1.4: done.at_receipt.heavy_graph, the heavy graph in flight when it took the cancel (an identifier such as
 # code2wav or clip_encode; the record's heavy_graph_at_receipt).
 AT_RECEIPT_GRAPH = "heavy_graph"
+# 1.5: done.at_receipt.native_call, the engine's native call in flight when it took the cancel (an
+# identifier such as llama_decode; the record's native_call_at_receipt, over the agent's "step").
+AT_RECEIPT_CALL = "native_call"
+AT_RECEIPT_NAMES = (AT_RECEIPT_GRAPH, AT_RECEIPT_CALL)  # the identifier fields of done.at_receipt
 # 1.3: cancel_seen.where, where a reader inside a graph first saw the cancel (the record's native_seen_where),
 # and done.cpu, the trial thread's CPU clock and run delay at four moments of the run (docs/sut-protocol.md).
 SEEN_WHERE = ("range_end", "next_ask")
@@ -172,6 +176,7 @@ class AtReceipt(_Object):
     tokens_generated: NonNegInt64 = 0
     frames_generated: NonNegInt64 = 0
     heavy_graph: Ident = "x"
+    native_call: Ident = "x"
 
 
 class Done(_Object):

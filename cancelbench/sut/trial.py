@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from cancelbench import native
-from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH, AUDIO_CHUNK_MAX, AUDIO_OUT, SEEN_WHERE
+from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, AT_RECEIPT_NAMES, AUDIO_CHUNK_MAX, AUDIO_OUT, SEEN_WHERE
 from cancelbench.sut.trial_thread import Reading, TrialThread
 
 if TYPE_CHECKING:
@@ -244,8 +244,9 @@ class Trial:
             msg["cancel_received_t"] = self.cancel_received_ns
             msg["cancel_via"] = self.cancel_via or "line"
             at_receipt = {k: int(v) for k, v in result.at_receipt.items() if k in AT_RECEIPT_FIELDS and v is not None}
-            if isinstance(result.at_receipt.get(AT_RECEIPT_GRAPH), str):  # 1.4
-                at_receipt[AT_RECEIPT_GRAPH] = result.at_receipt[AT_RECEIPT_GRAPH]
+            for name in AT_RECEIPT_NAMES:  # 1.4 heavy_graph, 1.5 native_call
+                if isinstance(result.at_receipt.get(name), str):
+                    at_receipt[name] = result.at_receipt[name]
             if at_receipt:
                 msg["at_receipt"] = at_receipt
         self.thread.take("end")

@@ -21,7 +21,7 @@ import queue
 from cancelbench import native
 from cancelbench.request import TrialRequest
 from cancelbench.sut.client import EngineError, EngineProcess, Received, in_trial
-from cancelbench.sut.protocol import AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH, AUDIO_OUT, TRIAL_EVENTS
+from cancelbench.sut.protocol import AT_RECEIPT_CALL, AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH, AUDIO_OUT, TRIAL_EVENTS
 
 from . import engine_cpu
 from .base import CancelControl, EngineInputError, EngineResult
@@ -273,6 +273,8 @@ class ExternalEngine:
         # never the agent's own 0, over which these are laid
         at_receipt = (msg.get("at_receipt") or {}) if msg.get("cancel_received_t") is not None else {}
         self._columns.update({f"{k}_at_receipt": at_receipt.get(k) for k in (*AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH)})
+        if at_receipt.get(AT_RECEIPT_CALL) is not None:  # 1.5: the engine's name for its call, over the agent's "step"
+            self._columns["native_call_at_receipt"] = at_receipt[AT_RECEIPT_CALL]
         self._columns.update(self._checked_stamps(msg, got, forwarded, counters))
         self._columns.update(self._cpu_columns(msg, got))
         self._columns["abort_polls"] = counters.get("abort_polls")
