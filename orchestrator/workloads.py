@@ -47,11 +47,12 @@ class _WorkloadBase:
 
     @property
     def process(self) -> str:
-        """Where its engine runs (ENGINE_PROCESSES): the workload's engine_process, else the agent's
-        process; an external engine always in a process of its own."""
+        """Where its engine runs (ENGINE_PROCESSES): the workload's engine_process, else its engine's
+        default (a real engine in a child, the simulated one in the agent); an external engine always
+        in a process of its own."""
         if is_external(self.engine):
             return CHILD
-        return self.engine_process or AGENT
+        return self.engine_process or self.spec.default_process
 
     def given_settings(self) -> dict:
         """The engine settings the config gave (built-in: the keys set; external: its table)."""

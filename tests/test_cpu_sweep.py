@@ -29,6 +29,7 @@ phases = ["prefill"]
 [[workload]]
 name = "text-in"
 engine = "text"
+engine_process = "agent"
 model = "fixture:text-qwen3-14m"
 prompt_tokens = 48
 max_tokens = 4

@@ -37,6 +37,7 @@ min_per_phase = 2
 [[workload]]
 name = "text-in"
 engine = "text"
+engine_process = "agent"
 model = "fixture:text-qwen3-14m"
 prompt_tokens = {PROMPT_TOKENS}
 max_tokens = 4

@@ -32,6 +32,10 @@ class EngineSpec:
     step_calls: frozenset[str] = frozenset()
     needs_mmproj: bool = False  # the workload must name a multimodal projector (and a real model)
     simulated: bool = False  # reports mark a simulated engine as such
+    # Where it runs unless a workload says (ENGINE_PROCESSES): a real engine in a child process the agent
+    # supervises (a crash costs one trial); the simulated one, which measures the harness alone, in the
+    # agent's (the scale benchmark would otherwise double its processes).
+    default_process: str = "child"
     needs_model: bool = True  # False: no model file, no lock, no corpus (probe, sim)
     external: bool = False  # runs out of process through the engine protocol (docs/sut-protocol.md)
     # What its model files must be (device_agents/model_check.py): the architectures its model may have
@@ -97,7 +101,7 @@ ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
                needs_model=False, synthetic_input="busy"),
     # Waits instead of compute (native/cancel_token.c cb_sim_wait): scale work and a known answer.
     EngineSpec("sim", DECLARATIONS["sim"], ".sim:SimEngine", simulated=True, step_calls=frozenset({"cb_sim_wait"}),
-               needs_model=False),
+               needs_model=False, default_process="agent"),
 )}
 EXTERNAL = "external"  # the engine name of workloads that run a team's own engine (docs/sut-protocol.md)
 # Where a workload's engine runs (a workload's engine_process, a record column): in the agent's process,
