@@ -11,8 +11,12 @@ is the report's:
 
     cancelbench report benchmarks/results/mechanisms/ --format json
 
+The same workload runs twice, side by side in the one sweep: the engine in a
+child process the agent supervises (its default) and in the agent's own
+process (``text-prefill-256-in-process``, ``engine_process = "agent"``).
+
 Target (listed under ``targets``, computed from the report's prefill cells,
-per delivery): ``abort_callback`` p99 at least 20x below ``between_calls`` p99.
+per workload and delivery): ``abort_callback`` p99 at least 20x below ``between_calls`` p99.
 Under the report's minimum-sample rule a p99 needs 299 samples per cell; with
 fewer, the target is judged on the report's high statistic (the max, as the
 report's tables show it), marked ``"statistic": "max"`` and ``met`` null
@@ -43,15 +47,15 @@ NAME = "mechanisms"
 TARGET_RATIO = 20.0
 
 
-def ratio_target(cells: list[dict], delivery: str) -> dict:
-    """between_calls over abort_callback in prefill, on the report's high statistic."""
-    bc = harness.find(cells, phase="prefill", mechanism="between_calls", delivery=delivery)
-    ab = harness.find(cells, phase="prefill", mechanism="abort_callback", delivery=delivery)
+def ratio_target(cells: list[dict], workload: str, delivery: str) -> dict:
+    """between_calls over abort_callback in one workload's prefill, on the report's high statistic."""
+    bc = harness.find(cells, workload=workload, phase="prefill", mechanism="between_calls", delivery=delivery)
+    ab = harness.find(cells, workload=workload, phase="prefill", mechanism="abort_callback", delivery=delivery)
     (b, b_stat), (a, a_stat) = harness.high(bc), harness.high(ab)
     ratio = b / a if b is not None and a else None
     statistic = "p99" if b_stat == a_stat == "p99" else "max"
     met = None if statistic != "p99" or ratio is None else bool(ratio >= TARGET_RATIO)
-    return {"delivery": delivery, "statistic": statistic, "between_calls_ms": b, "abort_callback_ms": a,
+    return {"workload": workload, "delivery": delivery, "statistic": statistic, "between_calls_ms": b, "abort_callback_ms": a,
             "n": {"between_calls": bc["n"] if bc else 0, "abort_callback": ab["n"] if ab else 0},
             "ratio": ratio, "target": TARGET_RATIO, "met": met,
             "indicative": statistic != "p99"}
@@ -64,8 +68,9 @@ def main() -> int:
     machine = harness.machine_facts()
     config, facts = harness.run_or_resummarise("bench_mechanisms", args, config, out, json_path)
     summary = harness.summarise(out)
-    targets = {f"abort_p99_20x_below_between_calls_{d}": ratio_target(summary["cells"], d)
-               for d in config.deliveries}
+    # per workload: the engine in a child process (its default) and in the agent's, side by side
+    targets = {f"abort_p99_20x_below_between_calls_{d}" + ("" if w.process == "child" else f"_{w.name}"):
+               ratio_target(summary["cells"], w.name, d) for w in config.workloads for d in config.deliveries}
     harness.write_json(json_path, name=NAME, config=config, run_facts=facts, summary=summary, machine=machine,
                        extra={"targets": targets}, note=args.note,
                        default_trials=harness.load_config(args.config).trials_per_cell)

@@ -99,7 +99,9 @@ def judge(out: Path, nodes: dict) -> dict:
     result = {}
     for g, (workload, phase, _) in GRAPHS.items():
         d = df[(df.workload == workload) & (df.phase_at_receipt == phase)]
-        work, wait, rest = split(d.latency_ms, d.trial_cpu_ms, d.trial_cpu_wait_ms)
+        # a receipt latched from the shared word has no run delay reading (docs/schema.md): its wait
+        # counts as 0 and goes to the rest, as in the report (reports/residue.py split_frame), and is counted
+        work, wait, rest = split(d.latency_ms, d.trial_cpu_ms, d.trial_cpu_wait_ms.fillna(0.0))
         bound = bge.DEFAULT / 1e3 + 2 * nodes[g]["largest_node_cpu_ms"]  # work is CPU time: the node's CPU
         wall_bound = bge.DEFAULT / 1e3 + 2 * nodes[g]["largest_node_ms"]  # the wall residue: the node's wall
         additive = (work + wait + rest - d.latency_ms).abs()
@@ -108,6 +110,8 @@ def judge(out: Path, nodes: dict) -> dict:
             "workload": workload, "phase": phase, "n": int(len(d)),
             "wall_ms": _dist(d.latency_ms), "work_ms": _dist(work), "wait_ms": _dist(wait), "rest_ms": _dist(rest),
             "wait_raw_over_cap": int((d.trial_cpu_wait_ms > wait + 1e-9).sum()),
+            "wait_unknown": int(d.trial_cpu_wait_ms.isna().sum()),
+            "engine_process": sorted(d.engine_process.dropna().astype(str).unique()) if "engine_process" in d else [],
             "largest_node": nodes[g], "slice_us": bge.DEFAULT, "bound_ms": round(bound, 3),
             "wall_bound_ms": round(wall_bound, 3),
             "work_within_bound": bool(len(d)) and bool((work <= bound).all()),
@@ -158,7 +162,8 @@ def table(graphs: dict) -> list[str]:
         n = c["n"]
         add = "-" if c["additive_max_error_ms"] is None else f"{c['additive_max_error_ms']:.4f}"
         cov = "-" if c["covered_max_gap_ms"] is None else f"{c['covered_max_gap_ms']:.3f}"
-        rows.append(f"{g} | {n} | {pair(c['wall_ms'])} | {pair(c['work_ms'])} | {pair(c['wait_ms'])} | "
+        unknown = f" ({c['wait_unknown']} wait unknown)" if c.get("wait_unknown") else ""
+        rows.append(f"{g} | {n}{unknown} | {pair(c['wall_ms'])} | {pair(c['work_ms'])} | {pair(c['wait_ms'])} | "
                     f"{pair(c['rest_ms'])} | {r(c['largest_node']['largest_node_cpu_ms'])} / "
                     f"{r(c['largest_node']['largest_node_ms'])} | {r(c['bound_ms'])} ({n - c['work_over_bound']}/{n}) | "
                     f"{r(c['wall_bound_ms'])} ({n - c['wall_over_bound']}/{n}) | {add} / {cov} | "
