@@ -62,6 +62,9 @@ def test_a_receipt_reading_without_a_receipt_and_a_sight_off_the_thread_are_refu
 
 
 def config_text(c_engine: str) -> str:
+    # run_timeout_s: beside two busy loops a 0.1 s reference run of these engines took 3.5-5 s (their
+    # two compute threads starved), and the default bound (10 x the longest completed run, at least
+    # 5 s) killed one; this test is about where the reader saw the cancel, not the run bound
     settings = "prompt_tokens = 384, max_tokens = 4, n_batch = 128"
     workloads = "".join(f"""
 [[workload]]
@@ -70,6 +73,7 @@ engine = "external"
 command = {command}
 model = "fixture:text-qwen3-14m"
 settings = {{{settings}}}
+run_timeout_s = 600
 """ for name, command in (("text-out", f'["{sys.executable}", "-m", "cancelbench.sut.builtin", "text"]'),
                           ("c-text", f'["{c_engine}"]')))
     return f"""
