@@ -292,6 +292,20 @@ static reading read_trial_thread(void) {
 
 static reading g_rd_run, g_rd_receipt; /* the run's start (main thread); the line's receipt (under g_mu) */
 
+/* The running trial's progress (protocol 1.2/1.5, done.at_receipt): prompt tokens decoded, tokens
+ * generated (a sampled token counts once its decode returned), whether a llama_decode is in flight.
+ * Written by the main thread and snapshotted at the receipt, both under g_mu, so a receipt sees the
+ * progress of the moment it was taken (the engine library's Progress.snapshot). */
+typedef struct { int64_t input_done, generated; bool in_call, set; } progress;
+static progress g_prog, g_prog_receipt;
+
+/* under g_mu: the progress now, as the receipt's, once per trial */
+static void note_receipt_progress_locked(void) {
+    if (g_prog_receipt.set) return;
+    g_prog_receipt = g_prog;
+    g_prog_receipt.set = true;
+}
+
 /* any thread: set the flag (a cancel, a shutdown, end of input) */
 static void token_set(void) {
     pthread_mutex_lock(&g_mu);
@@ -305,6 +319,8 @@ static bool done_contains(const char *id) {
     return false;
 }
 
+static int64_t word_received_t(void);
+
 /* reader thread: a cancel read at t */
 static void handle_cancel(const char *trial, int64_t t) {
     pthread_mutex_lock(&g_mu);
@@ -313,6 +329,7 @@ static void handle_cancel(const char *trial, int64_t t) {
             g_cancel_received_t = t;
             cb_token_set(g_tok);
             g_rd_receipt = read_trial_thread(); /* right after the set, as the agent reads its trial thread */
+            if (!word_received_t()) note_receipt_progress_locked(); /* a word's receipt came first: its own */
         }
     } else if (!done_contains(trial)) {
         bool present = false;
@@ -347,6 +364,8 @@ static int64_t trial_begin(const char *trial, uint64_t cancel_seq) {
     snprintf(g_trial, sizeof g_trial, "%s", trial);
     g_cancel_received_t = 0;
     g_rd_receipt.set = false;
+    g_prog = (progress){0, 0, false, false};
+    g_prog_receipt = g_prog;
     g_rd_run = read_trial_thread();
     cb_token_reset(g_tok); /* flag, stamps, polls, the watch: the trial state */
     /* only this trial's number cancels it: a word left at an older trial's is not it */
@@ -362,6 +381,7 @@ static int64_t trial_begin(const char *trial, uint64_t cancel_seq) {
     (void)cb_token_is_set(g_tok); /* latches the word if it already holds cancel_seq */
     g_running = true;
     int64_t r = receipt_locked();
+    if (r) note_receipt_progress_locked(); /* latched before the run: no progress yet */
     pthread_mutex_unlock(&g_mu);
     return r;
 }
@@ -373,6 +393,7 @@ typedef struct {
     bool via_word;      /* the word came first */
     int64_t cpu_after_ns; /* the trial thread's CPU from a line receipt to t_terminal; -1: no line receipt */
     reading receipt, terminal; /* the main thread at the receipt (a word's: its latch stamp) and at the decision */
+    progress at_receipt;       /* the trial's progress at the receipt (set: there was one) */
 } trial_outcome;
 
 /* main thread: the terminal decision. After it, cancels for the trial are ignored. The word is
@@ -383,6 +404,8 @@ static void trial_end(trial_outcome *o) {
     (void)cb_token_is_set(g_tok); /* latches the word if it holds cancel_seq: before the stamp */
     o->t_terminal = now_ns();
     o->received_t = receipt_locked();
+    if (o->received_t) note_receipt_progress_locked(); /* a word latched between calls, seen only now */
+    o->at_receipt = g_prog_receipt;
     o->via_word = o->received_t && o->received_t != g_cancel_received_t;
     /* a word receipt has no such reading: the engine cannot read its CPU at the agent's store */
     o->terminal = read_trial_thread();
@@ -405,6 +428,24 @@ static int64_t cancel_received_now(void) {
     int64_t r = receipt_locked();
     pthread_mutex_unlock(&g_mu);
     return r;
+}
+
+/* main thread: a llama_decode starts (in_call) or returned. A word a reader latched inside the call
+ * is a receipt with the call in flight: its progress is taken on the return, before the call is
+ * shown as over (a line's was taken when it was read). */
+static void progress_call(bool in_call) {
+    pthread_mutex_lock(&g_mu);
+    if (!in_call && receipt_locked()) note_receipt_progress_locked();
+    g_prog.in_call = in_call;
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* main thread: a step's work done (prompt tokens decoded so far, tokens generated so far) */
+static void progress_done(int64_t input_done, int64_t generated) {
+    pthread_mutex_lock(&g_mu);
+    g_prog.input_done = input_done;
+    g_prog.generated = generated;
+    pthread_mutex_unlock(&g_mu);
 }
 
 /* ------------------------------------------------------------------ queue to the main thread */
@@ -725,8 +766,10 @@ typedef struct {
 static bool step_decode(run_state *rs, llama_token *toks, int32_t n) {
     int64_t t0 = now_ns();
     emit_step(rs->trial, rs->phase, "start", t0);
+    progress_call(true);
     int32_t rc = llama_decode(rs->ctx, llama_batch_get_one(toks, n));
     int64_t t1 = now_ns();
+    progress_call(false);
     rs->last_rc = rc;
     rs->decode_calls++;
     bool stopped = (rs->mech == MECH_GRAPH_EVAL || rc == 2) && cb_token_is_set(g_tok);
@@ -772,6 +815,14 @@ static void add_counters(cJSON *o, const run_state *rs, int64_t n_gen, int64_t n
     }
     /* the stop's engine work: the trial thread's CPU from the cancel's receipt to the terminal decision */
     if (cpu_after_ns >= 0) add_i64(counters, "trial_cpu_after_receipt_ns", cpu_after_ns);
+}
+
+/* done.at_receipt (protocol 1.2, native_call 1.5): the progress when the cancel was taken */
+static void add_at_receipt(cJSON *o, const progress *p) {
+    cJSON *at = cJSON_AddObjectToObject(o, "at_receipt");
+    add_i64(at, "input_tokens_done", p->input_done);
+    add_i64(at, "tokens_generated", p->generated);
+    if (p->in_call) cJSON_AddStringToObject(at, "native_call", "llama_decode");
 }
 
 static void add_reading(cJSON *cpu, const char *moment, reading r) {
@@ -879,6 +930,7 @@ static void do_run(const cJSON *m) {
             err = errbuf;
             goto finish;
         }
+        progress_done(pos + n, 0);
     }
 
     /* generate: greedy, one token per llama_decode; end-of-generation tokens do not stop
@@ -901,6 +953,7 @@ static void do_run(const cJSON *m) {
             err = errbuf;
             goto finish;
         }
+        progress_done(n_prompt, n_gen);
     }
 
 finish:;
@@ -919,6 +972,7 @@ finish:;
         cJSON_AddStringToObject(o, "cancel_via", to.via_word ? "word" : "line");
     }
     if (rs.native_returned_t && to.received_t) add_i64(o, "native_returned_t", rs.native_returned_t);
+    if (to.received_t && to.at_receipt.set) add_at_receipt(o, &to.at_receipt);
     if (err) cJSON_AddStringToObject(o, "error", err);
     if (!err && !cancelled) {
         sha256_ctx sc;

@@ -185,6 +185,23 @@ def _check_run_shape(events: list[dict]) -> dict[str, int]:
     return steps
 
 
+def _check_at_receipt(done: dict, events: list[dict]) -> dict:
+    """done.at_receipt (protocol 1.2, native_call 1.5) against the run's own events, for a cancel
+    received in prefill: prompt tokens decoded by then, a whole number of n_batch steps, at least
+    every step but the last one started before the receipt (the progress is counted before the next
+    step starts) and at most the steps that ended before it (counted after a step's end); nothing
+    generated; native_call only while a step had started. Returns it."""
+    at, rcv, n_batch = done["at_receipt"], done["cancel_received_t"], SETTINGS["n_batch"]
+    prefill = [e for e in events if e["type"] == "step" and e["phase"] == "prefill"]
+    started = sum(e["edge"] == "start" and e["t"] < rcv for e in prefill)
+    ended = sum(e["edge"] == "end" and e["t"] <= rcv for e in prefill)
+    assert set(at) <= {"input_tokens_done", "tokens_generated", "native_call"}, at
+    assert at["input_tokens_done"] % n_batch == 0 and at["tokens_generated"] == 0, at
+    assert n_batch * (started - 1) <= at["input_tokens_done"] <= n_batch * ended, (at, started, ended)
+    assert at.get("native_call", "llama_decode") == "llama_decode" and ("native_call" not in at or started > 0), at
+    return at
+
+
 def test_build_exists():
     path = _engine_binary()
     assert os.access(path, os.X_OK)
@@ -235,6 +252,7 @@ def test_conversation_on_the_real_fixture_model(engine, small_text_model):
     assert done["phase"] == "generate"
     assert re.fullmatch(r"[0-9a-f]{64}", done["output_sha256"])
     assert "cancel_received_t" not in done and "cancel_seen" not in [e["type"] for e in events]
+    assert "at_receipt" not in done  # no receipt, no progress at one
     counters = done["counters"]
     assert counters["tokens_generated"] == SETTINGS["max_tokens"]
     assert counters["n_input_tokens"] == SETTINGS["prompt_tokens"]
@@ -263,6 +281,7 @@ def test_conversation_on_the_real_fixture_model(engine, small_text_model):
     # the cancel was read after we sent it; the reader saw it after that; the aborted call
     # returned after that; the terminal state came last
     assert cancel_sent <= done["cancel_received_t"] <= seen[0]["t"] <= done["native_returned_t"] <= done["t"]
+    _check_at_receipt(done, events)
 
     # --- between_calls, cancelled at the first prefill step: stops before the next decode
     _, events, cancel_sent = engine.run("between-1", "between_calls", cancel_at_step=1)
@@ -273,6 +292,7 @@ def test_conversation_on_the_real_fixture_model(engine, small_text_model):
     assert done["counters"]["decode_rc"] == 0 and done["counters"]["abort_polls"] == 0
     assert "cancel_seen" not in [e["type"] for e in events]  # no native reader here
     assert cancel_sent <= done["cancel_received_t"] <= done["t"]
+    _check_at_receipt(done, events)
 
     # --- a cancel before its run is latched: the run ends cancelled without its work
     before = engine.send({"type": "cancel", "trial": "latched-1"})
@@ -281,6 +301,7 @@ def test_conversation_on_the_real_fixture_model(engine, small_text_model):
     assert done["outcome"] == "cancelled", done
     assert [e["type"] for e in events if e["type"] == "step"] == []
     assert done["counters"]["decode_calls"] == 0 and done["counters"]["tokens_generated"] == 0
+    assert done["at_receipt"] == {"input_tokens_done": 0, "tokens_generated": 0}  # before any work, no call
     assert before <= done["cancel_received_t"] <= done["t"]
 
     # --- a cancel after its run's done is ignored: no answer, the next run completes
@@ -600,7 +621,16 @@ settings = {{{settings}}}
     counters = cancels.engine_counters_json.map(json.loads)
     where = counters.map(lambda c: c["eval_seen_where"])
     # in flight: a step call ran at the agent's receipt, and the C engine's eval reader saw the cancel
+    # the engine's progress at its receipt (done.at_receipt), never the agent's 0: every row with a receipt
+    # has it; nothing is generated before the whole prompt is decoded
+    took = cancels[cancels.t_received_ns.notna()]
+    assert len(took) > 0 and took[["input_tokens_done_at_receipt", "tokens_generated_at_receipt"]].notna().all().all()
+    assert (took.input_tokens_done_at_receipt <= BOUND_SETTINGS["prompt_tokens"]).all()
+    mid_prompt = took[took.input_tokens_done_at_receipt < BOUND_SETTINGS["prompt_tokens"]]
+    assert len(mid_prompt) > 0 and (mid_prompt.tokens_generated_at_receipt == 0).all()
     landed = cancels[(cancels.outcome == "cancelled") & cancels.native_call_at_receipt.notna()]
+    # the engine's name for its call in flight (1.5), over the agent's "step" where the engine sent none
+    assert "llama_decode" in set(landed.native_call_at_receipt) <= {"llama_decode", "step"}, landed.native_call_at_receipt
     seen = landed[landed.t_native_observed_ns.notna()]
     assert len(seen) > 0, cancels[["outcome", "phase_at_receipt", "native_call_at_receipt"]]
     assert (where[seen.index] > 0).all() and (counters[seen.index].map(lambda c: c["abort_polls"]) > 0).all()
