@@ -11,6 +11,8 @@ import wave
 import numpy as np
 import pytest
 
+from cancelbench.datasets import speech_fixtures as SF
+from cancelbench.device_agents.engines.tts import WINDOW_FRAMES
 from cancelbench.orchestrator.config import load_config
 from cancelbench.orchestrator.runner import run_sweep
 from cancelbench.sink import read_records
@@ -18,9 +20,9 @@ from cancelbench.sink import read_records
 from test_bargein_sweep import HOPS, SPANS, STAMPS, _ms
 
 BUFFER_MS = 80
-WINDOW_SAMPLES = 72 * 64  # a code2wav window: 72 frames of the fixture's 64 samples (tts.py WINDOW_FRAMES)
+WINDOW_SAMPLES = WINDOW_FRAMES * SF.TTS_FIXTURE.samples_per_frame  # one code2wav window's audio
 # Onsets aimed at code2wav's entry: a between_calls engine cannot stop inside a window, so the
-# window in flight at the onset is handed over (an audio event) before it stops.
+# window in flight at the onset runs to its end (handed over or discarded: see the playback test).
 CONFIG = f"""
 [sweep]
 seed = 5
