@@ -5,7 +5,7 @@ twice in one run: idle, then beside ``--busy-loops`` (default 2) pure-Python bus
 by this script (``harness.busy_loops``). Each sweep interleaves four workloads of one text model
 (text-llama-57m, 2 threads, 64-token prompt in batches of 32, 4 generated tokens) on one
 device, under ``abort_callback`` and ``graph_eval``, both deliveries, cancels uniform over 80% of
-each cell's reference run, 300 trials per cell:
+each cell's reference run, 340 trials per cell:
 
 * ``text-in-process``: the built-in engine in the agent's process, the reference (a cancel is one
   store of the native token its reader polls);
@@ -27,7 +27,7 @@ Target (issue 35): with the word the protocol adds < 0.2 ms at p50 and < 1 ms at
 reference, with 299+ samples per cell for the p99; judged on the idle sweep (beside the busy loops
 both sides' tails are the load's, and a cell is not judged).
 
-    python benchmarks/bench_protocol.py [--trials 300] [--busy-loops 2] [--out DIR] [--force] [--note TEXT]
+    python benchmarks/bench_protocol.py [--trials 340] [--busy-loops 2] [--out DIR] [--force] [--note TEXT]
 """
 
 from __future__ import annotations

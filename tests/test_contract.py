@@ -244,3 +244,35 @@ def test_a_cancel_a_native_reader_latched_from_the_shared_word_inside_a_call_sta
         assert ctl.native_returned_ns is not None and stored[0] <= ctl.received_ns <= ctl.native_returned_ns
     finally:
         word.close()
+
+
+def test_a_receipt_stamped_inside_a_call_but_taken_after_it_names_that_call():
+    """An engine process reads a cancel line on its stdin thread (the receipt's stamp) and takes it a
+    moment later; the call in flight at the stamp may have returned by then. The receipt names the call
+    in flight at its stamp and times that call's return, and a call begun after the stamp is not the one
+    in flight (CI at 477be62: a child's STT row said the agent's "step" where the engine said none)."""
+    from cancelbench import native
+    from cancelbench.device_agents.engines.base import CancelControl, Progress
+
+    ctl = CancelControl(native.CancelToken(), Progress())
+    stamps = {}
+    with ctl.native_call("mtmd_encode_chunk"):
+        stamps["read"] = native.now_ns()  # the line read while the encode runs
+    with ctl.native_call("llama_process"):  # the next call began before the request ran
+        assert ctl.request(stamps["read"]) is True
+    assert ctl.at_receipt["native_call_at_receipt"] == "mtmd_encode_chunk"
+    assert stamps["read"] <= ctl.native_returned_ns < ctl._call_t0  # the encode's return, not llama_process's
+    # a stamp between two calls names neither, and no return is timed
+    ctl = CancelControl(native.CancelToken(), Progress())
+    with ctl.native_call("mtmd_tokenize"):
+        pass
+    between = native.now_ns()
+    with ctl.native_call("llama_process"):
+        assert ctl.request(between) is True
+    assert ctl.at_receipt["native_call_at_receipt"] is None and ctl.native_returned_ns is None
+    # the call in flight at the stamp and still in flight at the request: its return, when it comes
+    ctl = CancelControl(native.CancelToken(), Progress())
+    with ctl.native_call("llama_decode"):
+        assert ctl.request(native.now_ns()) is True
+        assert ctl.native_returned_ns is None
+    assert ctl.at_receipt["native_call_at_receipt"] == "llama_decode" and ctl.native_returned_ns is not None

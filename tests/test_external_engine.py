@@ -396,3 +396,15 @@ def test_a_known_answer_engine_out_of_process_fills_its_column():
         assert cols["known_answer_error_ms"] == counters["known_answer_error_ns"] / 1e6
     finally:
         engine.close()
+
+
+def test_a_step_open_at_the_engines_receipt_is_read_from_its_own_step_events():
+    """native_call_at_receipt of an engine that names no call: "step" only where its step events show a
+    step open at its receipt, not where the agent's view was open when it wrote the cancel (a step's end
+    may still be on its way: CI at 477be62)."""
+    from cancelbench.device_agents.engines.external import step_open_at
+
+    edges = [(100, True), (200, False), (300, True), (400, False)]
+    assert [step_open_at(edges, t) for t in (50, 100, 150, 200, 250, 300, 399, 400, 500)] == \
+        [False, True, True, False, False, True, True, False, False]
+    assert step_open_at([], 10) is False and step_open_at([(5, True)], 10) is True  # a step never closed

@@ -51,7 +51,7 @@ AT_RECEIPT_FIELDS = ("input_tokens_done", "tokens_generated", "frames_generated"
 # code2wav or clip_encode; the record's heavy_graph_at_receipt).
 AT_RECEIPT_GRAPH = "heavy_graph"
 # 1.5: done.at_receipt.native_call, the engine's native call in flight when it took the cancel (an
-# identifier such as llama_decode; the record's native_call_at_receipt, over the agent's "step").
+# identifier such as llama_decode; the record's native_call_at_receipt, else "step" where a step was open then).
 AT_RECEIPT_CALL = "native_call"
 AT_RECEIPT_NAMES = (AT_RECEIPT_GRAPH, AT_RECEIPT_CALL)  # the identifier fields of done.at_receipt
 # 1.3: cancel_seen.where, where a reader inside a graph first saw the cancel (the record's native_seen_where),

@@ -117,6 +117,10 @@ class CancelControl:
         # inside each step call, so the step is longer and still in flight. None in real runs.
         self.step_delay: Callable[[int], None] | None = None  # (the step call's start, agent ns)
         self._in_flight_at_receipt = False
+        # The native call now in flight began at _call_t0; the last one to return was (name, start, end).
+        # A receipt stamped before request() ran (a line read on another thread) is placed by them.
+        self._call_t0 = 0
+        self._last_call: tuple[str, int, int] | None = None
         self._closed = False
         # An out-of-process engine's forwarder (engines/external.py): called, under the lock,
         # when a cancel is taken, so the cancel reaches the engine process.
@@ -141,7 +145,9 @@ class CancelControl:
                 return False
             self.received_ns = received_ns
             self.at_receipt = self.progress.snapshot()
-            self._in_flight_at_receipt = self.progress.native_call is not None
+            self.at_receipt["native_call_at_receipt"] = self._call_at(received_ns)
+            self._in_flight_at_receipt = self.at_receipt["native_call_at_receipt"] is not None \
+                and self.native_returned_ns is None
             # The flag before the byte: a native call a reader stopped must find the
             # flag set when it returns (its half-computed outputs are never used).
             self.requested = True
@@ -157,6 +163,17 @@ class CancelControl:
         if cpu is not None:  # after the cancel is set and the lock released: it delays neither
             cpu.at_receipt()
         return True
+
+    def _call_at(self, t: int) -> str | None:
+        """The native call in flight at ``t``, under the lock. The call now in flight if it began by then;
+        else the last one, if ``t`` fell inside it (its return timed as one the cancel reached); else None."""
+        if self.progress.native_call is not None and self._call_t0 <= t:
+            return self.progress.native_call
+        last = self._last_call
+        if last is not None and last[1] <= t <= last[2]:
+            self.native_returned_ns = last[2]
+            return last[0]
+        return None
 
     def _take_word(self) -> None:
         """The token set by no :meth:`request`: an engine process's native reader latched it from the
@@ -226,10 +243,10 @@ class CancelControl:
         if a cancel arrived while it ran (``t_native_returned_ns``). A step call
         (the engine's unit of progress) is counted per phase and announced."""
         progress = self.progress
+        self._call_t0 = t0 = native.now_ns()  # before the name: a receipt that finds the name finds its start
         progress.native_call = name
         step = name in progress.step_calls
         if step:
-            t0 = native.now_ns()
             progress.steps[progress.phase] = progress.steps.get(progress.phase, 0) + 1
             progress.emit("step", progress.phase, t0)
         try:
@@ -250,6 +267,7 @@ class CancelControl:
                 progress.emit("step_end", progress.phase, now)
             with self._lock:
                 self.progress.native_call = None
+                self._last_call = (name, t0, now)
                 if self._in_flight_at_receipt and self.native_returned_ns is None:
                     self.native_returned_ns = now
 

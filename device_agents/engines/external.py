@@ -160,6 +160,7 @@ class ExternalEngine:
         steps: dict[str, int] = {}
         step_min: dict[str, int] = {}
         step_start: int | None = None
+        self._step_edges: list[tuple[int, bool]] = []  # (t, a step opened): what was open at the engine's receipt
         last_t, observed, last_heard = t_run, None, native.now_ns()
         self._seen = None  # the first cancel_seen (1.3: where, cpu_t)
         self._audio_events = self._audio_total = 0
@@ -199,6 +200,7 @@ class ExternalEngine:
                 self._phase(progress, segments, msg["phase"], t)
             elif kind == "step":
                 step_start = self._step(progress, steps, step_min, step_start, msg, t)
+                self._step_edges.append((t, msg["edge"] == "start"))
             elif kind == "cancel_seen":
                 if observed is None:
                     observed, self._seen = t, msg
@@ -273,9 +275,11 @@ class ExternalEngine:
         # never the agent's own 0, over which these are laid
         at_receipt = (msg.get("at_receipt") or {}) if msg.get("cancel_received_t") is not None else {}
         self._columns.update({f"{k}_at_receipt": at_receipt.get(k) for k in (*AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH)})
-        if at_receipt.get(AT_RECEIPT_CALL) is not None:  # 1.5: the engine's name for its call, over the agent's "step"
-            self._columns["native_call_at_receipt"] = at_receipt[AT_RECEIPT_CALL]
         self._columns.update(self._checked_stamps(msg, got, forwarded, counters))
+        received = self._columns.get("t_engine_received_ns")
+        if received is not None:  # 1.5: the engine's name for its call, else "step" if one was open at its receipt
+            self._columns["native_call_at_receipt"] = at_receipt.get(AT_RECEIPT_CALL) or (
+                "step" if step_open_at(self._step_edges, received) else None)
         self._columns.update(self._cpu_columns(msg, got))
         self._columns["abort_polls"] = counters.get("abort_polls")
         if counters.get("known_answer_error_ns") is not None:  # a known-answer engine's own error (sim, probe)
@@ -345,6 +349,17 @@ class ExternalEngine:
         if self.proc is not None:
             self.proc.close()
             self.proc = None
+
+
+def step_open_at(edges: list[tuple[int, bool]], t: int) -> bool:
+    """Whether a step was open at ``t`` by the run's step events ((t, opened), in arrival order): the
+    engine's receipt, not the agent's write, which may come while a step's end is still on its way."""
+    is_open = False
+    for t_edge, opened in edges:
+        if t_edge > t:
+            break
+        is_open = opened
+    return is_open
 
 
 def checked_settings(decl, effective: dict) -> dict:
