@@ -145,9 +145,10 @@ class CancelControl:
                 return False
             self.received_ns = received_ns
             self.at_receipt = self.progress.snapshot()
-            self.at_receipt["native_call_at_receipt"] = self._call_at(received_ns)
-            self._in_flight_at_receipt = self.at_receipt["native_call_at_receipt"] is not None \
-                and self.native_returned_ns is None
+            call, returned = self._call_at(received_ns)
+            self.at_receipt["native_call_at_receipt"] = call
+            self.native_returned_ns = returned  # None while that call still runs: its return stamps it
+            self._in_flight_at_receipt = call is not None and returned is None
             # The flag before the byte: a native call a reader stopped must find the
             # flag set when it returns (its half-computed outputs are never used).
             self.requested = True
@@ -164,16 +165,15 @@ class CancelControl:
             cpu.at_receipt()
         return True
 
-    def _call_at(self, t: int) -> str | None:
-        """The native call in flight at ``t``, under the lock. The call now in flight if it began by then;
-        else the last one, if ``t`` fell inside it (its return timed as one the cancel reached); else None."""
+    def _call_at(self, t: int) -> tuple[str | None, int | None]:
+        """The native call in flight at ``t`` and, if it has returned since, when; under the lock. The
+        call now in flight if it began by then; else the last one, if ``t`` fell inside it; else none."""
         if self.progress.native_call is not None and self._call_t0 <= t:
-            return self.progress.native_call
+            return self.progress.native_call, None
         last = self._last_call
         if last is not None and last[1] <= t <= last[2]:
-            self.native_returned_ns = last[2]
-            return last[0]
-        return None
+            return last[0], last[2]
+        return None, None
 
     def _take_word(self) -> None:
         """The token set by no :meth:`request`: an engine process's native reader latched it from the

@@ -34,6 +34,7 @@ LIVENESS_PING_S = 1.0  # silence during a run after which the engine is pinged
 RUN_BOUND_FIRST_S, RUN_BOUND_FACTOR, RUN_BOUND_FLOOR_S = 600.0, 10, 5.0
 AUDIO_EVENTS_MAX = 1 << 16  # audio events one trial may send (each is kept for the playback model)
 INT_RANGES = {"int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1)}
+OPEN_STEP = "step"  # native_call_at_receipt of an engine that names no call, where one of its steps was open
 
 
 class ExternalEngine:
@@ -236,7 +237,7 @@ class ExternalEngine:
         if msg["edge"] == "start":
             steps[phase] = steps.get(phase, 0) + 1
             progress.steps[phase] = steps[phase]
-            progress.native_call = "step"
+            progress.native_call = OPEN_STEP
             progress.emit("step", phase, t)
             return t
         if step_start is not None:
@@ -277,9 +278,9 @@ class ExternalEngine:
         self._columns.update({f"{k}_at_receipt": at_receipt.get(k) for k in (*AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH)})
         self._columns.update(self._checked_stamps(msg, got, forwarded, counters))
         received = self._columns.get("t_engine_received_ns")
-        if received is not None:  # 1.5: the engine's name for its call, else "step" if one was open at its receipt
+        if received is not None:  # 1.5: the engine's name for its call, else OPEN_STEP if one was open at its receipt
             self._columns["native_call_at_receipt"] = at_receipt.get(AT_RECEIPT_CALL) or (
-                "step" if step_open_at(self._step_edges, received) else None)
+                OPEN_STEP if step_open_at(self._step_edges, received) else None)
         self._columns.update(self._cpu_columns(msg, got))
         self._columns["abort_polls"] = counters.get("abort_polls")
         if counters.get("known_answer_error_ns") is not None:  # a known-answer engine's own error (sim, probe)
