@@ -55,9 +55,11 @@ engine's own readings (protocol 1.3 ``done.cpu`` and ``cancel_seen.cpu_t``/``whe
 ``trial_cpu_source`` = ``engine-reported``), checked by the agent against the span it saw
 (device_agents/engines/engine_cpu.py) and never read by a verdict. Their ``cpu_window_ms`` is
 the engine's receipt -> terminal span (its readings are taken at those stamps). A receipt the
-native reader latched from the shared word has the latching reader's CPU stamp and no run delay
-(nothing reads schedstat inside a reader), so its ``trial_cpu_wait_ms`` is null; an engine that
-sends no ``done.cpu`` has no split (its process-wide columns are filled).
+native reader latched from the shared word has the latching reader's stamps: its CPU clock and,
+libcancelbench 1.3 on Linux, its run delay (one ``pread`` of the schedstat the thread opened when it
+watched the word, about 2 us once per trial on the stop's path); an engine without them has a null
+``trial_cpu_wait_ms``. An engine that sends no ``done.cpu`` has no split (its process-wide columns
+are filled).
 
 The receipt snapshot's cost (``cpu_snapshot_us``, on the cancel's thread, after the cancel was
 set) is the trial thread's read (a clock read and a ``pread``, a few microseconds) plus the

@@ -72,6 +72,7 @@ SIGNATURES: tuple[tuple[str, type | None, tuple[type, ...]], ...] = (
     ("cb_token_set_by_word", ctypes.c_int, (_P,)),
     ("cb_token_word_cpu_ns", _I64, (_P,)),
     ("cb_token_word_thread", _U64, (_P,)),
+    ("cb_token_word_wait_ns", _I64, (_P,)),
     ("cb_thread_id", _U64, ()),
 )
 
@@ -196,11 +197,15 @@ class CancelToken:
         return bool(_lib().cb_token_set_by_word(self._ptr))
 
     @property
-    def word_latch(self) -> tuple[int, int] | None:
-        """(the CPU clock, cb_thread_id) of the thread whose reader latched the word, at the latch;
-        None: not latched from the word (ABI 1.2)."""
+    def word_latch(self) -> tuple[int, int, int | None] | None:
+        """(the CPU clock, cb_thread_id, run delay ns or None) of the thread whose reader latched the
+        word, at the latch; None: not latched from the word (ABI 1.2; the run delay 1.3, None where
+        that thread never watched a word or not on Linux)."""
         cpu = _lib().cb_token_word_cpu_ns(self._ptr)
-        return (cpu, _lib().cb_token_word_thread(self._ptr)) if cpu else None
+        if not cpu:
+            return None
+        wait = _lib().cb_token_word_wait_ns(self._ptr)
+        return cpu, _lib().cb_token_word_thread(self._ptr), (wait if wait >= 0 else None)
 
     @property
     def address(self) -> int:

@@ -24,6 +24,8 @@
 #include <pthread.h>
 #include <unistd.h>
 #if defined(__linux__)
+#include <fcntl.h>
+#include <stdio.h>
 #include <sys/syscall.h>
 #endif
 #if defined(__x86_64__) || defined(__i386__)
@@ -54,6 +56,7 @@ struct cb_token {
     _Atomic int set_by_word;   /* the flag was latched from the word, before any cb_token_set */
     _Atomic int64_t word_cpu_ns;   /* the latching reader's thread CPU clock at the latch; 0 = not latched */
     _Atomic uint64_t word_thread;  /* that thread's cb_thread_id */
+    _Atomic int64_t word_wait_ns;  /* that thread's run delay at the latch (schedstat); -1 = not read */
     /* eval reader (cb_token_eval_reader), see there */
     _Atomic int64_t slice_ns;      /* configuration: target time between syncs; 0 = every node */
     _Atomic uint64_t syncs;        /* node ranges the reader asked to see (each one computed + synchronized) */
@@ -128,9 +131,60 @@ CB_EXPORT uint64_t cb_thread_id(void) {
 #endif
 }
 
+#if defined(__linux__)
+/* The calling thread's schedstat, opened once per thread by cb_token_watch (between graphs) and
+ * closed when the thread exits, so a latch reads its run delay with one pread (about 2 us here)
+ * instead of an open, read and close (about 8). */
+static pthread_key_t cb_sched_key;
+static pthread_once_t cb_sched_once = PTHREAD_ONCE_INIT;
+static _Atomic int cb_sched_ready = 0;
+
+static void cb_sched_close(void *fd_plus_one) { close((int)(intptr_t)fd_plus_one - 1); }
+
+static void cb_sched_make_key(void) {
+    if (pthread_key_create(&cb_sched_key, cb_sched_close) == 0)
+        atomic_store_explicit(&cb_sched_ready, 1, memory_order_release);
+}
+
+static void cb_sched_open(void) {
+    pthread_once(&cb_sched_once, cb_sched_make_key);
+    if (!atomic_load_explicit(&cb_sched_ready, memory_order_acquire) || pthread_getspecific(cb_sched_key)) return;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%llu/schedstat", (unsigned long long)cb_thread_id());
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0 && pthread_setspecific(cb_sched_key, (void *)(intptr_t)(fd + 1)) != 0) close(fd);
+}
+
+/* The calling thread's run delay (schedstat's second field: ns runnable but not on a CPU);
+ * -1 where this thread has no schedstat open (it never called cb_token_watch) or the read fails. */
+static int64_t cb_sched_wait_ns(void) {
+    if (!atomic_load_explicit(&cb_sched_ready, memory_order_acquire)) return -1;
+    intptr_t fd = (intptr_t)pthread_getspecific(cb_sched_key) - 1;
+    if (fd < 0) return -1;
+    char buf[96];
+    ssize_t n = pread((int)fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    const char *c = buf;
+    while (*c >= '0' && *c <= '9') c++; /* the first field: time on a CPU */
+    if (*c != ' ') return -1;
+    c++;
+    if (*c < '0' || *c > '9') return -1;
+    int64_t wait = 0;
+    for (; *c >= '0' && *c <= '9'; c++) wait = wait * 10 + (*c - '0');
+    return wait;
+}
+#else
+static void cb_sched_open(void) {}
+static int64_t cb_sched_wait_ns(void) { return -1; }
+#endif
+
 CB_EXPORT cb_token *cb_token_new(void) {
     cb_token *t = (cb_token *)calloc(1, sizeof(cb_token));
-    if (t) t->probe_key = -1;
+    if (t) {
+        t->probe_key = -1;
+        atomic_store_explicit(&t->word_wait_ns, -1, memory_order_relaxed);
+    }
     return t;
 }
 
@@ -154,6 +208,7 @@ CB_EXPORT void cb_token_reset(cb_token *t) {
     atomic_store_explicit(&t->set_by_word, 0, memory_order_relaxed);
     atomic_store_explicit(&t->word_cpu_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&t->word_thread, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->word_wait_ns, -1, memory_order_relaxed);
     atomic_store_explicit(&t->set_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&t->seen_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&t->seen_cpu_ns, 0, memory_order_relaxed);
@@ -203,6 +258,7 @@ CB_EXPORT void cb_word_store(void *word, uint64_t seq) {
 }
 
 CB_EXPORT void cb_token_watch(cb_token *t, const void *word, uint64_t seq) {
+    if (word && seq) cb_sched_open(); /* the watching thread's run delay, for a latch on it (ABI 1.3) */
     atomic_store_explicit(&t->word_seq, word ? seq : 0, memory_order_relaxed);
     atomic_store_explicit(&t->word, (word && seq) ? (const _Atomic uint64_t *)word : NULL, memory_order_release);
 }
@@ -225,6 +281,7 @@ static bool cb_flag(cb_token *t, memory_order order) {
         /* once per trial, at the latch (after set_ns, so the stop's clock starts first) */
         atomic_store_explicit(&t->word_cpu_ns, cb_thread_cpu_ns(), memory_order_relaxed);
         atomic_store_explicit(&t->word_thread, cb_thread_id(), memory_order_relaxed);
+        atomic_store_explicit(&t->word_wait_ns, cb_sched_wait_ns(), memory_order_relaxed);
     }
     atomic_store_explicit(&t->flag, 1, memory_order_release);
     return true;
@@ -236,6 +293,10 @@ CB_EXPORT int64_t cb_token_word_cpu_ns(const cb_token *t) {
 
 CB_EXPORT uint64_t cb_token_word_thread(const cb_token *t) {
     return atomic_load_explicit(&((cb_token *)t)->word_thread, memory_order_relaxed);
+}
+
+CB_EXPORT int64_t cb_token_word_wait_ns(const cb_token *t) {
+    return atomic_load_explicit(&((cb_token *)t)->word_wait_ns, memory_order_relaxed);
 }
 
 CB_EXPORT bool cb_token_is_set(const cb_token *t) {

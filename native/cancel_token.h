@@ -39,7 +39,7 @@
  *          serialized with cb_token_set by the caller (a set racing a reset
  *          can be lost; cancelbench holds the control's lock across both).
  *   Clears (trial state): the flag, the watched word (cb_token_watch), set_by_word,
- *          word_cpu_ns, word_thread,
+ *          word_cpu_ns, word_thread, word_wait_ns,
  *          set_ns, seen_ns, seen_cpu_ns, seen_where, polls, syncs,
  *          max_range_ns, the debug counters (probes, reprobes, max_range_est_ns,
  *          max_range_cpu_ns), and
@@ -63,7 +63,7 @@
 #include <stdint.h>
 
 #define CANCELBENCH_ABI_VERSION_MAJOR 1
-#define CANCELBENCH_ABI_VERSION_MINOR 2
+#define CANCELBENCH_ABI_VERSION_MINOR 3
 /* major * 1000 + minor: what cb_abi_version() returns from this build */
 #define CANCELBENCH_ABI_VERSION (CANCELBENCH_ABI_VERSION_MAJOR * 1000 + CANCELBENCH_ABI_VERSION_MINOR)
 
@@ -176,7 +176,9 @@ CB_EXPORT void cb_word_store(void *word, uint64_t seq);
  * as cb_token_set would (set_ns = that moment, unless cb_token_set came first)
  * and then behaves as for a set flag. word NULL or seq 0: stop watching.
  * cb_token_reset clears the watch (a watch is trial state: watch again after
- * each reset, with the new trial's sequence number). The trial thread, between
+ * each reset, with the new trial's sequence number). A thread's first watch
+ * opens its schedstat (Linux: one file descriptor per watching thread, closed
+ * when the thread exits) for cb_token_word_wait_ns. The trial thread, between
  * graphs, after cb_token_reset. */
 CB_EXPORT void cb_token_watch(cb_token *t, const void *word, uint64_t seq);
 
@@ -191,6 +193,13 @@ CB_EXPORT int cb_token_set_by_word(const cb_token *t);
  * cb_thread_id: the CPU clock is that thread's only. Cleared by reset. Any thread. */
 CB_EXPORT int64_t cb_token_word_cpu_ns(const cb_token *t);
 CB_EXPORT uint64_t cb_token_word_thread(const cb_token *t);
+
+/* ABI 1.3: that thread's run delay at the latch (Linux schedstat's second field, ns: time
+ * runnable but not on a CPU), read just after its CPU clock; -1 = not read: not latched
+ * from the word, not Linux, or the latching thread never called cb_token_watch (the
+ * watching thread opens its schedstat there, so the latch costs one pread, about 2 us).
+ * Protocol done.cpu.receipt_wait. Cleared by reset. Any thread. */
+CB_EXPORT int64_t cb_token_word_wait_ns(const cb_token *t);
 
 /* The calling thread's id as the kernel numbers it (Linux: gettid; macOS:
  * pthread_threadid_np); 0 where neither exists. Any thread. */

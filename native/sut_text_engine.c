@@ -411,8 +411,9 @@ static void trial_end(trial_outcome *o) {
     o->terminal = read_trial_thread();
     o->cpu_after_ns = o->received_t && !o->via_word ? o->terminal.cpu - g_rd_receipt.cpu : -1;
     o->receipt = g_rd_receipt;
-    if (o->via_word) { /* the latching reader's CPU stamp, if it ran on this thread; no run delay read then */
-        reading latch = {cb_token_set_ns(g_tok), cb_token_word_cpu_ns(g_tok), -1, cb_token_word_cpu_ns(g_tok) != 0};
+    if (o->via_word) { /* the latching reader's CPU stamp and run delay, if it ran on this thread */
+        reading latch = {cb_token_set_ns(g_tok), cb_token_word_cpu_ns(g_tok), cb_token_word_wait_ns(g_tok),
+                         cb_token_word_cpu_ns(g_tok) != 0};
         o->receipt = latch;
         o->receipt.set = latch.set && cb_token_word_thread(g_tok) == g_trial_tid;
     }

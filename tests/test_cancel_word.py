@@ -9,6 +9,7 @@ import mmap
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,60 @@ def test_a_recorded_declaration_keeps_its_capabilities():
     assert decl.can("cancel_word")
     recorded = json.loads(json.dumps({"declaration": dataclasses.asdict(decl)}))  # as a manifest holds it
     assert recorded_declaration(recorded) == decl
+
+
+def _own_run_delay() -> int:
+    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+        return int(f.read().split()[1])
+
+
+@needs_memfd
+def test_a_latch_reads_the_run_delay_of_the_thread_that_watched_and_of_no_other():
+    """The residue split of a receipt the native reader latched from the word needs that thread's
+    run delay at the latch (done.cpu.receipt_wait, ABI 1.3): the latch, on the thread that watched
+    the word, reads it between this thread's own reads before and after; a latch on a thread that
+    never watched one reads none (no schedstat open there), and says which thread latched."""
+    word = cancel_word.create()
+    try:
+        token, seen = native.CancelToken(), {}
+
+        def watch_and_latch() -> None:
+            token.watch(word.address, 5)
+            word.store(5)
+            before = _own_run_delay()
+            assert token.is_set()  # the latch: this reader found the word at the trial's number
+            seen.update(latch=token.word_latch, before=before, after=_own_run_delay(),
+                        tid=threading.get_native_id())
+
+        _in_thread(watch_and_latch)
+        cpu, tid, wait = seen["latch"]
+        assert tid == seen["tid"] and cpu > 0 and wait is not None
+        assert seen["before"] <= wait <= seen["after"]
+        # watched here, latched by a thread that never watched a word: its stamp, no run delay
+        token.reset()
+        word.store(0)
+        token.watch(word.address, 6)
+        word.store(6)
+        other = {}
+        _in_thread(lambda: other.update(set=token.is_set(), tid=threading.get_native_id()))
+        assert other["set"] and token.word_latch[1] == other["tid"] and token.word_latch[2] is None
+        token.reset()  # a reset forgets the latch, its run delay included
+        assert token.word_latch is None and native._lib().cb_token_word_wait_ns(token.address) == -1
+    finally:
+        word.close()
+
+
+def _in_thread(fn) -> None:
+    errors = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 (re-raised on the test's thread)
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]

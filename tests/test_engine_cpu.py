@@ -30,7 +30,7 @@ def test_readings_become_the_residue_split_columns():
     engine_cpu.check(GOOD, 7 * MS, True, 10 * MS)
     # the receipt's reading, taken by the cancel's thread, may pair a stale clock read with a later CPU read
     engine_cpu.check({**GOOD, "receipt_t": 100_000, "receipt_cpu": 7 * MS}, None, True, 10 * MS)
-    # a receipt the word latched (no run delay read then): work, and no wait; absent readings: no columns
+    # a receipt with no run delay (an engine that reads none): work, and no wait; absent readings: no columns
     latched = {k: v for k, v in GOOD.items() if k != "receipt_wait"}
     assert "trial_cpu_wait_ms" not in engine_cpu.columns(latched, None, True)
     assert engine_cpu.columns({}, {"where": "range_end"}, True) == {"native_seen_where": "range_end"}

@@ -470,8 +470,10 @@ def test_a_word_only_cancel_stops_a_running_trial_under_every_mechanism(word_eng
             assert stored <= done["cancel_received_t"] <= done["t"], (mech, done)
             assert "output_sha256" not in done
             assert "trial_cpu_after_receipt_ns" not in done["counters"]  # no CPU reading at the agent's store
-            # ... but the latching reader's own stamp on this (the main) thread, and no run delay then (1.3)
-            assert done["cpu"]["receipt_t"] == done["cancel_received_t"] and "receipt_wait" not in done["cpu"], done
+            # ... but the latching reader's own stamp on this (the main) thread, its run delay included
+            # (libcancelbench 1.3: the main thread watched the word, so its schedstat was open at the latch)
+            assert done["cpu"]["receipt_t"] == done["cancel_received_t"], done
+            assert 0 <= done["cpu"]["receipt_wait"] <= done["cpu"]["terminal_wait"], done
             assert done["cpu"]["run_cpu"] <= done["cpu"]["receipt_cpu"] <= done["cpu"]["terminal_cpu"], done
             _check_run_shape(events)
             # between_calls latches the word before the next llama_decode; a native reader inside the

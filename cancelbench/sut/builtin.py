@@ -223,10 +223,11 @@ class _ThreadReadings:
         token, thread = self.ctl.token, self.trial.thread
         if token.set_by_word and self.ctl.received_ns == token.set_ns:
             # a receipt the native reader latched from the word: the reading is its stamp, taken then,
-            # when that reader ran on the trial thread (its CPU clock is its own thread's); else none
+            # when that reader ran on the trial thread (its CPU clock and run delay are its own
+            # thread's); else none
             latch = token.word_latch
             if latch is not None and latch[1] == thread.tid:
-                thread.take("receipt", (token.set_ns, latch[0], None))  # set_ns: the latch's own stamp
+                thread.take("receipt", (token.set_ns, latch[0], latch[2]))  # set_ns: the latch's own stamp
         else:
             thread.take("receipt")
 
