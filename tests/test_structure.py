@@ -1,9 +1,10 @@
 """The code's shape, kept: no import cycle among the product's modules (a lazy import
-counts too; one under ``if TYPE_CHECKING`` does not)."""
+counts too; one under ``if TYPE_CHECKING`` does not), no engine-name branch outside the declarations."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,3 +100,72 @@ def test_no_product_module_over_400_lines_or_function_over_60():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
                 long_functions.append(f"{rel}:{node.name} ({node.end_lineno - node.lineno + 1})")
     assert long_modules == [] and long_functions == []
+
+
+# Issue 34: behaviour follows from what an engine declares (input kind, streams audio, simulated),
+# never from its name. The declarations' home (the registry, the declarations) may name engines;
+# an engine module looks up its own spec by its name; nothing else compares one.
+DECLARATION_HOMES = {ROOT / "device_agents" / "engines" / "registry.py", ROOT / "cancelbench" / "engine_decls.py"}
+ENGINE_MODULES = ROOT / "device_agents" / "engines"
+NAME_SUBJECT = re.compile(r"engine|\bname\b|spec")  # what an engine name would be compared with
+
+
+def _names(node: ast.AST, names: set[str]) -> set[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value} & names
+    if isinstance(node, ast.Name) and node.id == "EXTERNAL":
+        return {"external"}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return set().union(set(), *(_names(e, names) for e in node.elts))
+    return set()
+
+
+def engine_name_branches(source: str, names: set[str], own_lookups: bool = False) -> list[str]:
+    """Where ``source`` compares an engine name (==, !=, in, a match case) or looks one up by a
+    literal (``ENGINES["tts"]``, ``engine_spec("tts")``) unless ``own_lookups``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            subjects = [ast.unparse(s) for s in sides if not _names(s, names)]
+            if any(_names(s, names) for s in sides) and any(NAME_SUBJECT.search(s) for s in subjects):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.MatchValue) and _names(node.value, names):
+            found.append(f"{node.lineno}: case {ast.unparse(node.value)}")
+        elif own_lookups:
+            continue
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith("ENGINES") \
+                and _names(node.slice, names):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("engine_spec") \
+                and any(_names(a, names) for a in node.args):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def _engine_names() -> set[str]:
+    from cancelbench.device_agents.engines.registry import ENGINES, EXTERNAL
+
+    return {*ENGINES, EXTERNAL}
+
+
+def test_the_checker_finds_an_engine_name_branch():
+    names = _engine_names()
+    for wrong in ('if row.engine == "external":\n    pass', 'x = spec.name in ("tts", "stt")',
+                  'match engine:\n    case "sim":\n        pass', 'spec = ENGINES["tts"]', 'engine != EXTERNAL',
+                  'engine_spec("probe")'):
+        assert engine_name_branches(wrong, names), wrong
+    # what an engine declares is not its name: an input kind "text", a report engine "ray"
+    for right in ('if declaration.input == "text":\n    pass', 'if engine == "ray":\n    pass'):
+        assert not engine_name_branches(right, names), right
+
+
+def test_no_product_module_outside_the_declarations_compares_an_engine_name():
+    names, found = _engine_names(), {}
+    for path in modules().values():
+        if path in DECLARATION_HOMES:
+            continue
+        hits = engine_name_branches(path.read_text(), names, own_lookups=path.parent == ENGINE_MODULES)
+        if hits:
+            found[str(path.relative_to(ROOT))] = hits
+    assert not found, found
