@@ -1,10 +1,8 @@
 """The agent's side of the engine protocol (docs/sut-protocol.md): start an engine process, read its hello,
-check its clock, talk to it, supervise it. One :class:`EngineProcess` per engine process: it leads its own
-process group in the agent's session (a session of its own is an autogroup of its own under Linux autogroup
-scheduling: its threads would get a CPU share apart from the agent's, which no in-process engine sees); a
-reader thread turns its stdout into validated messages on a queue (each stamped with the agent's clock when
-read), another keeps its stderr (bounded); a reaper (``python -m cancelbench.sut.reaper``) kills the group if
-the agent dies without closing it. Used by engines/external.py, the driver's :func:`declare` and sut-check.
+check its clock, talk to it, supervise it. One :class:`EngineProcess` per engine process (a child process:
+cancelbench.sut.child); a reader thread turns its stdout into
+validated messages on a queue (each stamped with the agent's clock when read), another keeps its stderr
+(bounded). Used by engines/external.py, the driver's :func:`declare` and sut-check.
 """
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import uuid
 from dataclasses import dataclass
@@ -23,12 +20,13 @@ from cancelbench import native
 from . import cancel_word, stall
 from .clock import ClockCheck, in_trial  # noqa: F401 (in_trial: the engines' callers)
 from .declaration import Declaration
-from .leftovers import MARK_ENV, descendants, end_leftovers, group_alive  # noqa: F401 (group_alive: sut-check)
+from .child import ChildProcess, SpawnError
+from .leftovers import end_leftovers, group_alive  # noqa: F401 (sut-check)
 from .protocol import ENGINE_TYPES, MAX_LINE_BYTES, ProtocolError, decode, encode
 
 CLOCK_PINGS = 8
 STDERR_KEEP = 8192  # bytes of stderr a record keeps (the last ones)
-SHUTDOWN_GRACE_S, TERM_GRACE_S = 5.0, 2.0
+SHUTDOWN_GRACE_S = 5.0
 REACH_PINGS = 64  # round trips of pongs during runs the cancel's reach is taken over (the last ones)
 
 
@@ -61,14 +59,13 @@ class EngineProcess:
         self.command, self.cwd, self.env = list(command), cwd, dict(env or {})
         self.offer_word = cancel_word  # False: no shared cancel word (the line alone), as for an engine without one
         self.startup_timeout_s, self.answer_timeout_s = startup_timeout_s, answer_timeout_s
-        self.proc: subprocess.Popen | None = None
+        self.proc: ChildProcess | None = None
         self.messages: queue.Queue[Received] = queue.Queue()
         self.declaration: Declaration | None = None
         self.clock = ClockCheck(True, 0, 0)
         self._stderr, self._stderr_dropped = bytearray(), 0
         self._stderr_lock = threading.Lock()
         self._write_lock = threading.RLock()  # send_ping holds it around its id and its write
-        self._reaper: subprocess.Popen | None = None
         self.broken: str | None = None  # set once the stream can no longer be trusted
         self.mark = uuid.uuid4().hex
         # Round trips (ns) of the pings this process answered: at start-up, and during runs (the last
@@ -90,19 +87,13 @@ class EngineProcess:
             raise EngineError(f"cannot start the engine {self.command[0]!r}: its cwd {self.cwd!r} is not a directory")
         # offered to every engine (unless the workload says not); used with one that declares cancel_word
         self.word = cancel_word.create() if self.offer_word else None
-        word_env = self.word.env() if self.word else {}
         try:
-            self.proc = subprocess.Popen(
-                self.command, cwd=self.cwd, env={**os.environ, **self.env, MARK_ENV: self.mark, **word_env},
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0,
-                bufsize=0, pass_fds=(self.word.engine_fd,) if self.word else ())
-        except (OSError, ValueError) as exc:  # ValueError: a NUL in the argv or the environment
+            self.proc = ChildProcess(self.command, cwd=self.cwd, env=self.env, mark=self.mark, word=self.word)
+        except SpawnError as exc:
             self._close_word()
-            raise EngineError(f"cannot start the engine {self.command[0]!r}: "
-                              f"{getattr(exc, 'strerror', None) or exc}") from None
+            raise EngineError(str(exc)) from None
         if self.word is not None:  # the engine holds its copy now
             self.word.engine_started()
-        self._start_reaper()
         threading.Thread(target=self._read_stdout, name="engine-stdout", daemon=True).start()
         threading.Thread(target=self._read_stderr, name="engine-stderr", daemon=True).start()
         try:
@@ -118,16 +109,6 @@ class EngineProcess:
             self.kill()
             raise
         return self.declaration
-
-    def _start_reaper(self) -> None:
-        """A small process that kills the engine's group if this process dies without closing it."""
-        try:
-            self._reaper = subprocess.Popen([sys.executable, "-m", "cancelbench.sut.reaper", str(self.proc.pid),
-                                             self.mark],
-                                            stdin=subprocess.PIPE, start_new_session=True,
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        except OSError:
-            self._reaper = None
 
     def _check_clock(self) -> ClockCheck:
         same, best = True, None
@@ -354,40 +335,12 @@ class EngineProcess:
         return self.kill()
 
     def kill(self) -> int | None:
-        """Whatever is left of the engine's process group: SIGTERM, then SIGKILL."""
+        """Whatever is left of the engine (its process group: SIGTERM, then SIGKILL); its exit status."""
         if self.proc is None:
             return None
-        pgid = self.proc.pid  # the leader of its own process group
-        strays = descendants(pgid)  # its children that left its group (their own session), before it goes
-        for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, TERM_GRACE_S)):
-            if self.proc.poll() is not None and not group_alive(pgid):
-                break
-            try:
-                os.killpg(pgid, sig)
-            except (ProcessLookupError, PermissionError):
-                break
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
-        end_leftovers(self.mark, strays)
+        rc = self.proc.end()
         self._close_word()
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            try:
-                stream.close()
-            except (OSError, ValueError):
-                pass
-        if self._reaper is not None:
-            try:
-                self._reaper.stdin.close()  # the reaper finds the group gone and exits
-            except OSError:
-                pass
-            try:
-                self._reaper.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._reaper.kill()
-            self._reaper = None
-        return self.proc.poll()
+        return rc
 
 
 def declare(command: list[str], *, cwd: str | None = None, env: dict | None = None,
