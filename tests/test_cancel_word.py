@@ -172,11 +172,22 @@ def test_a_native_reader_of_the_text_engine_sees_the_word_before_the_line(mechan
                    "cancel_seq": seq})
         _first_step(proc, "n1")
         t_store = proc.word.store(seq)
-        done = _done(proc, "n1")
+        read = []
+        while not read or read[-1].msg["type"] != "done":
+            read.append(proc.check(proc.messages.get(timeout=60), "the done of n1"))
+        done = read[-1].msg
         assert done["outcome"] == "cancelled" and done["cancel_via"] == "word"
         assert done["cancel_received_t"] >= t_store
         if mechanism == "abort_callback":
             assert done["counters"]["decode_rc"] == 2  # stopped inside llama_decode by the reader
+        # the reader's latch is the receipt, which the trial learns of only when run returns: its events
+        # from the latch on (the sight, the stopped call's end) were held and written after the terminal
+        # decision (cancelbench.sut.builtin, Trial.hold_events), as an engine in the agent writes nothing
+        terminal = proc.clock.to_agent(done["t"]) - proc.clock.uncertainty_ns
+        after = [got for got in read[:-1] if got.msg.get("trial") == "n1"
+                 and got.msg["t"] >= done["cancel_received_t"]]
+        assert "cancel_seen" in [got.msg["type"] for got in after], [got.msg for got in read]
+        assert all(got.t_read_ns >= terminal for got in after), (terminal, [(g.msg, g.t_read_ns) for g in after])
     finally:
         proc.close()
 

@@ -198,6 +198,55 @@ def test_ping_answered_and_cancel_honoured_mid_run(engines):
     assert "native_returned_t" in done and seen[0]["t"] <= done["native_returned_t"] <= done["t"]
 
 
+def test_a_trials_events_after_its_cancel_are_written_after_its_terminal_decision(engines):
+    """The engine library holds a trial's events from its cancel's receipt to its done (Trial.hold_events):
+    the stop writes nothing to the pipe, as an engine in the agent's own process writes nothing. What is
+    held keeps its own t and its order and comes before the done."""
+    e = sim(engines)
+    e.load(sim_phase_us=LONG_US, sim_granularity_us=1_000)
+    t_run = e.run("h.1", "abort_callback")
+    before = e.until(lambda m: m["type"] == "step")  # inside the minute-long native wait
+    e.send({"type": "cancel", "trial": "h.1"})
+    read = []
+    while not read or read[-1][0]["type"] != "done":
+        read.append(e.recv_at())
+    done = read[-1][0]
+    assert done["outcome"] == "cancelled"
+    after = [(m, t_read) for m, t_read in read[:-1] if m["t"] >= done["cancel_received_t"]]
+    assert [m["type"] for m, _ in after] == ["cancel_seen", "step"], after  # the reader's sight, the call's end
+    assert all(t_read >= done["t"] for _, t_read in after), (done["t"], after)  # same host, same clock
+    assert_well_formed(before + [m for m, _ in read[:-1]], Declaration.from_hello(e.hello), t_run, read[-1][1])
+
+
+def test_held_events_are_written_in_order_after_the_terminal_decision_and_before_the_done():
+    """Trial's own rule, on a server that records what the trial writes and when (closed or not)."""
+    from cancelbench.sut.declaration import MechanismInfo, Phase
+    from cancelbench.sut.trial import Result, Trial
+
+    decl = Declaration(name="e", version="1", input="text", phases=(Phase("prefill", True),),
+                       mechanisms=(MechanismInfo("abort_callback", ""),), settings=())
+    written = []
+
+    class Server:
+        declaration, word = decl, None
+
+        def send(self, msg):
+            written.append((msg["type"], msg.get("edge"), trial._closed))
+
+    trial = Trial(Server(), {"trial": "t1", "mechanism": "abort_callback", "input": "x"}, 1)
+    trial.phase("prefill", 2)
+    trial.step_start(3)
+    assert trial._deliver(4)  # the stdin thread reads the cancel
+    trial.cancel_seen(5, "next_ask")
+    trial.step_end(6)
+    assert written == [("phase", None, False), ("step", "start", False)]  # nothing since the receipt
+    done = trial._done(Result("cancelled"))
+    assert written[2:] == [("cancel_seen", None, True), ("step", "end", True)]  # in order, once decided
+    assert done["type"] == "done" and done["cancel_received_t"] == 4
+    trial.phase("prefill")  # the same phase again: no event; and the hold ended with the done
+    assert len(written) == 4
+
+
 def test_cancel_before_run_is_latched(engines):
     e = sim(engines)
     e.load(sim_phase_us=LONG_US)

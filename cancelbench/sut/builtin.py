@@ -232,7 +232,9 @@ class _ThreadReadings:
             thread.take("receipt")
 
     def at_receipt(self) -> None:
-        pass
+        # the receipt may be the native reader's latch of the word, which the trial learns of only when
+        # run returns: its events are held from here, so the stop writes nothing (Trial.hold_events)
+        self.trial.hold_events()
 
     def at_terminal(self) -> None:
         self.trial.thread.take("terminal")

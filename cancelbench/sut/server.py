@@ -60,6 +60,11 @@ on. At end of stdin during a run, it cancels the run; the server returns after i
 the process exits anyway ``eof_grace_s`` later if the run does not end: nobody is
 listening).
 
+From a trial's cancel taken to its ``done`` the trial's events are held, not written
+(:meth:`Trial.hold_events`; an engine whose own native reader took the cancel, such as one
+latching the shared cancel word, calls it then): the stop writes nothing to the pipe, and
+the events, each with its own ``t``, are written in order just before the ``done``.
+
 Timestamps are ``time.monotonic_ns()`` (Linux ``CLOCK_MONOTONIC``, what
 ``cancelbench.native.now_ns`` reads too), the clock the hello declares and the pongs
 use. Every event method takes an optional ``t`` for a time taken elsewhere (by native

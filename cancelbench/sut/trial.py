@@ -50,7 +50,12 @@ class Trial:
     """One run: its request, its event methods and its cancel state.
 
     Thread-safety: the cancel side (:meth:`_deliver`) runs on the stdin thread, the
-    rest on the engine's thread. ``on_cancel`` is called under the trial's lock, on
+    rest on the engine's thread.
+
+    From the moment a cancel is taken to the ``done``, the trial's events are held, not
+    written (:meth:`hold_events`): the engine's stop does no I/O, as an engine in the agent's
+    own process does none, and each event still carries its own ``t``. They are written, in
+    order, just before the ``done``. ``on_cancel`` is called under the trial's lock, on
     the stdin thread, when the first cancel for this trial is read (or at once, on the
     setting thread, when it is set on a trial that already has one: a latched cancel).
     If it returns ``False`` the cancel is refused as after the terminal state (e.g.
@@ -79,6 +84,8 @@ class Trial:
         self.current_phase: str | None = None
         self._in_step = False
         self._seen_sent = False
+        self._hold_lock = threading.Lock()
+        self._held: list[dict] | None = None  # events kept from the cancel's taking to the done
         # the trial thread's CPU account (done.cpu): built on the thread engine.run runs on
         self.thread = TrialThread()
 
@@ -109,7 +116,8 @@ class Trial:
             if reading is not None:
                 self.thread.take("receipt", reading)
             self._event.set()
-            return True
+        self.hold_events()
+        return True
 
     @property
     def on_cancel(self) -> Callable[[int], object] | None:
@@ -133,7 +141,8 @@ class Trial:
             self.cancel_received_ns, self.cancel_via = t_read, via
             self.thread.take("receipt")  # after the hook set the engine's cancel, as the agent reads in process
             self._event.set()
-            return True
+        self.hold_events()
+        return True
 
     def wait_cancel(self, timeout: float | None = None) -> bool:
         """Block until a cancel is read or the word holds this run's number (True), or ``timeout`` s
@@ -165,6 +174,27 @@ class Trial:
             return self.cancel_received_ns is not None, self._t_terminal
 
     # -- events ------------------------------------------------------------
+    def hold_events(self) -> None:
+        """Keep this trial's events from now to its ``done`` instead of writing them: a cancel was taken
+        (read, or latched by the engine's own reader: call it then), and the stop should not wait on a
+        pipe. Each keeps its own ``t``; :meth:`_done` writes them, in order, before the ``done``."""
+        with self._hold_lock:
+            if self._held is None:
+                self._held = []
+
+    def _send(self, msg: dict) -> None:
+        with self._hold_lock:
+            if self._held is not None:
+                self._held.append(msg)
+                return
+        self._server.send(msg)
+
+    def _write_held(self) -> None:
+        with self._hold_lock:
+            held, self._held = self._held or [], None
+        for msg in held:
+            self._server.send(msg)
+
     def phase(self, name: str, t: int | None = None) -> None:
         """Entered phase ``name`` (a declared one). Entering the current phase again
         is no event; a step in flight is ended first."""
@@ -176,7 +206,7 @@ class Trial:
         if self._in_step:
             self.step_end(t)
         self.current_phase = name
-        self._server.send({"type": "phase", "trial": self.id, "phase": name, "t": t})
+        self._send({"type": "phase", "trial": self.id, "phase": name, "t": t})
 
     def step_start(self, t: int | None = None) -> None:
         if self.current_phase is None or self.current_phase not in self._decl.step_phases:
@@ -184,14 +214,14 @@ class Trial:
         if self._in_step:
             raise ValueError("step_start with a step already started")
         self._in_step = True
-        self._server.send({"type": "step", "trial": self.id, "phase": self.current_phase, "edge": "start",
+        self._send({"type": "step", "trial": self.id, "phase": self.current_phase, "edge": "start",
                            "t": now_ns() if t is None else t})
 
     def step_end(self, t: int | None = None) -> None:
         if not self._in_step:
             raise ValueError("step_end without a step started")
         self._in_step = False
-        self._server.send({"type": "step", "trial": self.id, "phase": self.current_phase, "edge": "end",
+        self._send({"type": "step", "trial": self.id, "phase": self.current_phase, "edge": "end",
                            "t": now_ns() if t is None else t})
 
     @contextmanager
@@ -216,7 +246,7 @@ class Trial:
             msg["where"] = where
         if cpu_t:
             msg["cpu_t"] = int(cpu_t)
-        self._server.send(msg)
+        self._send(msg)
 
     def audio(self, samples: int, t: int | None = None) -> None:
         """``samples`` of audio handed over to playback at ``t`` (1.4: an engine that declares
@@ -229,7 +259,7 @@ class Trial:
         t = now_ns() if t is None else t
         while samples > 0:
             n = min(samples, AUDIO_CHUNK_MAX)
-            self._server.send({"type": "audio", "trial": self.id, "t": t, "samples": n})
+            self._send({"type": "audio", "trial": self.id, "t": t, "samples": n})
             samples -= n
 
     # -- the end -----------------------------------------------------------
@@ -237,6 +267,7 @@ class Trial:
         _, t_decided = self.terminal()
         if self._in_step:
             self.step_end()
+        self._write_held()
         phase = result.phase or self.current_phase or self._decl.phase_names[0]
         msg = {"type": "done", "trial": self.id, "outcome": result.outcome,
                "t": t_decided if result.t_terminal_ns is None else int(result.t_terminal_ns), "phase": phase}
