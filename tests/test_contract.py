@@ -276,3 +276,36 @@ def test_a_receipt_stamped_inside_a_call_but_taken_after_it_names_that_call():
         assert ctl.request(native.now_ns()) is True
         assert ctl.native_returned_ns is None
     assert ctl.at_receipt["native_call_at_receipt"] == "llama_decode" and ctl.native_returned_ns is not None
+
+
+def test_a_receipt_stamped_inside_a_heavy_graph_but_taken_after_it_names_that_graph():
+    """heavy_graph_at_receipt follows the call in flight at the receipt's stamp, as native_call_at_receipt
+    does: a code2wav window's receipt taken once the engine has cleared its heavy graph and begun the
+    next call still says code2wav; one stamped between calls says none, though the next is named."""
+    from cancelbench import native
+    from cancelbench.device_agents.engines.base import CancelControl, Progress
+
+    progress = Progress()
+    ctl = CancelControl(native.CancelToken(), progress)
+    progress.heavy_graph = "code2wav"
+    with ctl.native_call("mtmd_helper_gen_audio_step_gen"):
+        read = native.now_ns()  # the line read while the window runs
+    progress.heavy_graph = None  # the engine clears it after the call (tts.py), then samples
+    with ctl.native_call("llama_sampler_sample"):
+        assert ctl.request(read) is True
+    assert ctl.at_receipt["heavy_graph_at_receipt"] == "code2wav"
+    assert ctl.at_receipt["native_call_at_receipt"] == "mtmd_helper_gen_audio_step_gen"
+    # stamped between two calls, taken once the next window is named: no heavy graph was in flight
+    progress = Progress()
+    ctl = CancelControl(native.CancelToken(), progress)
+    with ctl.native_call("llama_sampler_sample"):
+        pass
+    between = native.now_ns()
+    progress.heavy_graph = "clip_encode"
+    assert ctl.request(between) is True
+    assert ctl.at_receipt["heavy_graph_at_receipt"] is None and ctl.at_receipt["native_call_at_receipt"] is None
+    # in flight at the stamp and still at the request: the graph now running
+    ctl = CancelControl(native.CancelToken(), progress)
+    with ctl.native_call("mtmd_encode_chunk"):
+        assert ctl.request(native.now_ns()) is True
+    assert ctl.at_receipt["heavy_graph_at_receipt"] == "clip_encode"

@@ -117,10 +117,12 @@ class CancelControl:
         # inside each step call, so the step is longer and still in flight. None in real runs.
         self.step_delay: Callable[[int], None] | None = None  # (the step call's start, agent ns)
         self._in_flight_at_receipt = False
-        # The native call now in flight began at _call_t0; the last one to return was (name, start, end).
-        # A receipt stamped before request() ran (a line read on another thread) is placed by them.
+        # The native call now in flight began at _call_t0 (the heavy graph it runs: _call_heavy); the last
+        # one to return was (name, start, end, heavy graph). A receipt stamped before request() ran (a line
+        # read on another thread) is placed by them.
         self._call_t0 = 0
-        self._last_call: tuple[str, int, int] | None = None
+        self._call_heavy: str | None = None
+        self._last_call: tuple[str, int, int, str | None] | None = None
         self._closed = False
         # An out-of-process engine's forwarder (engines/external.py): called, under the lock,
         # when a cancel is taken, so the cancel reaches the engine process.
@@ -145,8 +147,9 @@ class CancelControl:
                 return False
             self.received_ns = received_ns
             self.at_receipt = self.progress.snapshot()
-            call, returned = self._call_at(received_ns)
+            call, returned, heavy = self._call_at(received_ns)
             self.at_receipt["native_call_at_receipt"] = call
+            self.at_receipt["heavy_graph_at_receipt"] = heavy
             self.native_returned_ns = returned  # None while that call still runs: its return stamps it
             self._in_flight_at_receipt = call is not None and returned is None
             # The flag before the byte: a native call a reader stopped must find the
@@ -165,15 +168,16 @@ class CancelControl:
             cpu.at_receipt()
         return True
 
-    def _call_at(self, t: int) -> tuple[str | None, int | None]:
-        """The native call in flight at ``t`` and, if it has returned since, when; under the lock. The
-        call now in flight if it began by then; else the last one, if ``t`` fell inside it; else none."""
+    def _call_at(self, t: int) -> tuple[str | None, int | None, str | None]:
+        """The native call in flight at ``t``, when it returned if it has since, and the heavy graph it
+        runs (code2wav, clip_encode); under the lock. The call now in flight if it began by then; else
+        the last one, if ``t`` fell inside it; else none."""
         if self.progress.native_call is not None and self._call_t0 <= t:
-            return self.progress.native_call, None
+            return self.progress.native_call, None, self._call_heavy
         last = self._last_call
         if last is not None and last[1] <= t <= last[2]:
-            return last[0], last[2]
-        return None, None
+            return last[0], last[2], last[3]
+        return None, None, None
 
     def _take_word(self) -> None:
         """The token set by no :meth:`request`: an engine process's native reader latched it from the
@@ -243,6 +247,7 @@ class CancelControl:
         if a cancel arrived while it ran (``t_native_returned_ns``). A step call
         (the engine's unit of progress) is counted per phase and announced."""
         progress = self.progress
+        self._call_heavy = heavy = progress.heavy_graph  # the engine names a heavy graph before its call
         self._call_t0 = t0 = native.now_ns()  # before the name: a receipt that finds the name finds its start
         progress.native_call = name
         step = name in progress.step_calls
@@ -267,7 +272,7 @@ class CancelControl:
                 progress.emit("step_end", progress.phase, now)
             with self._lock:
                 self.progress.native_call = None
-                self._last_call = (name, t0, now)
+                self._last_call = (name, t0, now, heavy)
                 if self._in_flight_at_receipt and self.native_returned_ns is None:
                     self.native_returned_ns = now
 
