@@ -8,6 +8,32 @@ from typing import Callable
 from cancelbench import native
 
 
+class RecordingServer:
+    """The server side a :class:`cancelbench.sut.trial.Trial` writes to, with no pipe: the engine
+    library's own rules tested without a process. ``sent``: each message the trial wrote, with
+    whether it had taken its terminal decision then."""
+
+    def __init__(self, mechanism: str = "between_calls") -> None:
+        from cancelbench.sut.declaration import Declaration, MechanismInfo, Phase
+
+        self.declaration = Declaration(name="e", version="1", input="text", phases=(Phase("prefill", True),),
+                                       mechanisms=(MechanismInfo(mechanism, ""),), settings=())
+        self.word = None
+        self.sent: list[tuple[dict, bool]] = []
+        self.trial = None
+
+    def run(self, trial_id: str = "t1", t_read: int = 1):
+        """A new trial of this server's mechanism, as a ``run`` read at ``t_read`` makes one."""
+        from cancelbench.sut.trial import Trial
+
+        msg = {"trial": trial_id, "mechanism": self.declaration.mechanism_names[0], "input": "x"}
+        self.trial = Trial(self, msg, t_read)
+        return self.trial
+
+    def send(self, msg: dict) -> None:
+        self.sent.append((msg, self.trial._closed))
+
+
 def cancel_inside_call(ctl, call_name: str | None = None, when: Callable = lambda progress: True) -> dict:
     """Land the cancel inside the first native call named ``call_name`` (any call if None)
     that starts while ``when(ctl.progress)`` holds.

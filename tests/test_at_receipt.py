@@ -39,23 +39,12 @@ def test_at_receipt_is_checked_by_both_decoders(check, at_receipt, ok):
 
 def test_the_engine_library_sends_it_with_a_receipt_only():
     """Trial._done: the known fields that have a value, and only with cancel_received_t."""
-    from cancelbench.sut.declaration import Declaration, MechanismInfo, Phase
-    from cancelbench.sut.trial import Trial
-
-    decl = Declaration(name="e", version="1", input="text", phases=(Phase("prefill", True),),
-                       mechanisms=(MechanismInfo("between_calls", ""),), settings=())
-    sent = []
-
-    class Server:
-        declaration, word = decl, None
-
-        def send(self, msg):
-            sent.append(msg)
+    from helpers import RecordingServer
 
     res = Result("cancelled", at_receipt={"tokens_generated": 2, "input_tokens_done": None, "other": 9,
                                           "native_call": "llama_decode", "heavy_graph": None})
-    assert "at_receipt" not in Trial(Server(), RUN, 1)._done(res)  # no receipt: nothing to say it of
-    trial = Trial(Server(), RUN, 1)
+    assert "at_receipt" not in RecordingServer().run()._done(res)  # no receipt: nothing to say it of
+    trial = RecordingServer().run()
     assert trial.took_cancel(7, "line")
     done = trial._done(res)
     assert done["at_receipt"] == {"tokens_generated": 2, "native_call": "llama_decode"} and done["cancel_received_t"] == 7

@@ -219,32 +219,24 @@ def test_a_trials_events_after_its_cancel_are_written_after_its_terminal_decisio
 
 
 def test_held_events_are_written_in_order_after_the_terminal_decision_and_before_the_done():
-    """Trial's own rule, on a server that records what the trial writes and when (closed or not)."""
-    from cancelbench.sut.declaration import MechanismInfo, Phase
-    from cancelbench.sut.trial import Result, Trial
+    """Trial's own rule, on a server that records what the trial writes and when (decided or not)."""
+    from helpers import RecordingServer
 
-    decl = Declaration(name="e", version="1", input="text", phases=(Phase("prefill", True),),
-                       mechanisms=(MechanismInfo("abort_callback", ""),), settings=())
-    written = []
+    from cancelbench.sut.trial import Result
 
-    class Server:
-        declaration, word = decl, None
-
-        def send(self, msg):
-            written.append((msg["type"], msg.get("edge"), trial._closed))
-
-    trial = Trial(Server(), {"trial": "t1", "mechanism": "abort_callback", "input": "x"}, 1)
+    server = RecordingServer("abort_callback")
+    trial = server.run()
+    written = lambda: [(m["type"], m.get("edge"), decided) for m, decided in server.sent]  # noqa: E731
     trial.phase("prefill", 2)
     trial.step_start(3)
     assert trial._deliver(4)  # the stdin thread reads the cancel
     trial.cancel_seen(5, "next_ask")
     trial.step_end(6)
-    assert written == [("phase", None, False), ("step", "start", False)]  # nothing since the receipt
+    assert written() == [("phase", None, False), ("step", "start", False)]  # nothing since the receipt
     done = trial._done(Result("cancelled"))
-    assert written[2:] == [("cancel_seen", None, True), ("step", "end", True)]  # in order, once decided
+    assert written()[2:] == [("cancel_seen", None, True), ("step", "end", True)]  # in order, once decided
     assert done["type"] == "done" and done["cancel_received_t"] == 4
-    trial.phase("prefill")  # the same phase again: no event; and the hold ended with the done
-    assert len(written) == 4
+    assert [m["t"] for m, _ in server.sent] == [2, 3, 5, 6]  # each with its own time
 
 
 def test_cancel_before_run_is_latched(engines):
