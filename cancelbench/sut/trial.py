@@ -50,16 +50,16 @@ class Trial:
     """One run: its request, its event methods and its cancel state.
 
     Thread-safety: the cancel side (:meth:`_deliver`) runs on the stdin thread, the
-    rest on the engine's thread.
+    rest on the engine's thread. ``on_cancel`` is called under the trial's lock, on
+    the stdin thread, when the first cancel for this trial is read (or at once, on the
+    setting thread, when it is set on a trial that already has one: a latched cancel).
+    If it returns ``False`` the cancel is refused as after the terminal state (e.g.
+    ``CancelControl.request`` after ``close``) and not recorded.
 
     From the moment a cancel is taken to the ``done``, the trial's events are held, not
     written (:meth:`hold_events`): the engine's stop does no I/O, as an engine in the agent's
     own process does none, and each event still carries its own ``t``. They are written, in
-    order, just before the ``done``. ``on_cancel`` is called under the trial's lock, on
-    the stdin thread, when the first cancel for this trial is read (or at once, on the
-    setting thread, when it is set on a trial that already has one: a latched cancel).
-    If it returns ``False`` the cancel is refused as after the terminal state (e.g.
-    ``CancelControl.request`` after ``close``) and not recorded."""
+    order, just before the ``done``."""
 
     def __init__(self, server: Server, msg: dict, t_read: int) -> None:
         self._server = server
@@ -215,14 +215,14 @@ class Trial:
             raise ValueError("step_start with a step already started")
         self._in_step = True
         self._send({"type": "step", "trial": self.id, "phase": self.current_phase, "edge": "start",
-                           "t": now_ns() if t is None else t})
+                    "t": now_ns() if t is None else t})
 
     def step_end(self, t: int | None = None) -> None:
         if not self._in_step:
             raise ValueError("step_end without a step started")
         self._in_step = False
         self._send({"type": "step", "trial": self.id, "phase": self.current_phase, "edge": "end",
-                           "t": now_ns() if t is None else t})
+                    "t": now_ns() if t is None else t})
 
     @contextmanager
     def step(self) -> Iterator[None]:
