@@ -50,9 +50,10 @@ from .outcome import (DEFECT_OUTCOMES, OUTCOMES, STOP_COLUMNS, classify_outcome,
 # (engine_cancel_path, engine_cancel_via); 9: the whole trial's span and steal (trial_run_wall_ms,
 # host_run_steal_ms: the noise check's steal); 10: cancel_stall_ns (the outcome rule's allowance for a cancel
 # held off a CPU); 11: trial_cpu_source (an external engine's trial-thread figures, engine-reported: protocol
-# 1.3); 12: engine_process (a built-in engine in the agent's process or a child of its own); readers accept
-# older versions (new columns null)
-SCHEMA_VERSION = 12
+# 1.3); 12: engine_process (a built-in engine in the agent's process or a child of its own); 13: engine_restarts
+# (the engine process a trial ran on: the first, or one started again after a crash, a kill or a stall);
+# readers accept older versions (new columns null)
+SCHEMA_VERSION = 13
 
 # Partition columns of the hive-partitioned dataset (values sanitized for paths).
 PARTITION_COLUMNS = ("backend", "host")
@@ -142,6 +143,7 @@ _FIELDS: list[tuple] = [
     ("engine_name", _STR, "host", "the engine's declared name (cancelbench-text ..., or an external engine's hello)"),
     ("engine_version", _STR, "host", "the engine's declared version (the cancelbench version for built-in engines)"),
     ("engine_build_json", _STR, "host", "an external engine's build facts from its hello, JSON {key: value}; null for built-in engines"),
+    ("engine_restarts", _I32, "host", "engines in a process of their own: how many times the agent had started this workload's engine process again before this trial ran (after a crash, a kill over the run's bound, a stall or a broken stream; each such trial is an error row): 0 on the first process; a restarted process starts cold (caches, compute buffers). Null in the agent's process and in records older than schema 13"),
     ("engine_clock", _STR, "host", "external engines: same (the engine's pongs lay on the agent's clock) | estimated (engine_clock_offset_ns applied to its timestamps)"),
     ("engine_clock_offset_ns", _I64, "host", "external engines: engine clock minus agent clock (0 when same)"),
     ("engine_clock_uncertainty_ns", _I64, "host", "external engines: bound on that conversion (half the fastest ping round trip; 0 when same)"),

@@ -47,5 +47,10 @@ max_tokens = 8
     after = others[others.t_handback_ns > crashed.t_handback_ns.iloc[0]]
     # a restarted engine ran them: the killed one could not (the last reference, then the cancels)
     assert len(after) >= 4 and (after.outcome == "cancelled").sum() >= 1, after[["trial_id", "outcome"]]
+    # and each row says which process it ran on: the first until the crash (its own row included), then one
+    # started again
+    before = df[df.t_handback_ns <= crashed.t_handback_ns.iloc[0]]
+    assert (before.engine_restarts == 0).all() and (after.engine_restarts == 1).all(), \
+        df[["trial_id", "outcome", "engine_restarts"]]
     assert "1 trial(s) ended in error" in r.stderr and "killed by SIGILL" in r.stderr, r.stderr[-3000:]
     assert_none_left(tag)  # neither engine process (the killed one, its successor) nor a reaper stays

@@ -82,7 +82,7 @@ class ExternalEngine:
 
     def identity_columns(self) -> dict:
         d = self.declaration
-        return {"engine_name": d.name, "engine_version": d.version,
+        return {"engine_name": d.name, "engine_version": d.version, "engine_restarts": self.restarts,
                 "engine_build_json": json.dumps(dict(d.build), sort_keys=True), **self.proc.clock.columns()}
 
     def trial_columns(self) -> dict:
