@@ -30,11 +30,12 @@ PAIRS = {  # engine: (its workload's model keys, its settings)
     "probe": ("", "duration_us = 60000"),
     "sim": ("", "sim_phase_us = 20000"),
 }
-# Columns only the protocol has: the engine process's own stamps, clock and counters, the cancel's trip.
+# Columns only the protocol has: the engine process's own stamps, clock and counters, the cancel's trip,
+# which process it was (engine_restarts: the agent's process is never started again).
 PROTOCOL_ONLY = {"cancel_reach_ns", "cancel_stall_ns", "engine_build_json", "engine_cancel_path",
                  "engine_cancel_via", "engine_clock", "engine_clock_offset_ns", "engine_clock_uncertainty_ns",
                  "engine_counters_json", "engine_settings_json", "protocol_hop_ms", "t_cancel_forwarded_ns",
-                 "t_engine_done_read_ns", "t_engine_received_ns", "engine_stderr"}
+                 "t_engine_done_read_ns", "t_engine_received_ns", "engine_stderr", "engine_restarts"}
 PROTOCOL_ONLY -= {"engine_build_json", "engine_settings_json"}  # a built-in engine's: its typed columns, the agent's build
 TYPED = ["n_threads", "max_frames", "max_tokens", "sampling_seed", "n_batch", "n_ctx", "chunk_tokens",
          "sim_phase_us", "sim_steps", "mmproj_offload", "n_gpu_layers"]
