@@ -65,9 +65,8 @@ def _added(a: float | None, b: float | None) -> float | None:
 
 def latencies(records, workload: str, mechanism: str, delivery: str) -> np.ndarray:
     """The sorted latency_ms of a cell's cancelled cancels: the samples the report's p50 / p99 are of."""
-    sel = ((records.trial_kind == "cancel") & (records.outcome == "cancelled") & (records.workload == workload)
-           & (records.mechanism == mechanism) & (records.delivery == delivery) & records.latency_ms.notna())
-    return np.sort(records.loc[sel, "latency_ms"].to_numpy(dtype=float))
+    return np.sort(np.asarray(harness.column_values(records, "latency_ms", workload=workload, mechanism=mechanism,
+                                                    delivery=delivery), dtype=float))
 
 
 def added_interval(ref: np.ndarray, cand: np.ndarray, p: float) -> list[float] | None:
@@ -105,9 +104,10 @@ def side_by_side(summary: dict, out: Path, records, load: str, mechanism: str, d
                    else None for q in TARGETS} for w in (WORD, C_WORD)}
     return {"load": load, "mechanism": mechanism, "delivery": delivery, "n": n, "p50_ms": p50, "p99_ms": p99,
             "max_ms": {w: c.get("max_ms") for w, c in cells.items()}, "added": added, "added_ci95": interval,
-            "protocol_hop_ms": {w: harness.column_distribution(out, "protocol_hop_ms", workload=w, mechanism=mechanism,
-                                                               delivery=delivery) for w in OUT_OF_PROCESS},
-            "hops_p50_ms": {w: {h: harness.column_distribution(out, h, workload=w, mechanism=mechanism,
+            "protocol_hop_ms": {w: harness.column_distribution(out, "protocol_hop_ms", records=records, workload=w,
+                                                               mechanism=mechanism, delivery=delivery)
+                                for w in OUT_OF_PROCESS},
+            "hops_p50_ms": {w: {h: harness.column_distribution(out, h, records=records, workload=w, mechanism=mechanism,
                                                                 delivery=delivery)["p50_ms"] for h in HOPS}
                             for w in cells},
             "target": {"added_p50_ms": TARGET_P50_MS, "added_p99_ms": TARGET_P99_MS,

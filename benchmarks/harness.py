@@ -213,19 +213,25 @@ def high(cell: dict | None) -> tuple[float | None, str]:
     return (cell["p99_ms"], "p99") if cell["p99_ms"] is not None else (cell["max_ms"], "max")
 
 
-def column_distribution(out: Path, columns: str | list[str], **where) -> dict:
-    """n / p50 / p99 (min-sample rule) / max of one record column, or of the sum of
-    several (a null term counts 0; the first must be present), over the cancelled
-    cancel rows matching ``where``: a figure the report does not print, with the
-    report's nearest-rank statistics."""
-    from cancelbench.sink import read_records
-
+def column_values(records, columns: str | list[str], **where) -> list[float]:
+    """One record column's values, or the sum of several (a null term counts 0; the last must be
+    present), over the cancelled cancel rows of ``records`` (read_records) matching ``where``."""
     columns = [columns] if isinstance(columns, str) else list(columns)
-    df = read_records(out)
+    df = records
     sel = (df.trial_kind == "cancel") & (df.outcome == "cancelled") & df[columns[-1]].notna()
     for k, v in where.items():
         sel &= df[k] == v
-    vals = df.loc[sel, columns].astype(float).fillna(0.0).sum(axis=1).tolist()
+    return df.loc[sel, columns].astype(float).fillna(0.0).sum(axis=1).tolist()
+
+
+def column_distribution(out: Path, columns: str | list[str], *, records=None, **where) -> dict:
+    """n / p50 / p99 (min-sample rule) / max of :func:`column_values` (the dataset in ``out``, or
+    ``records`` already read from it): a figure the report does not print, with the report's
+    nearest-rank statistics."""
+    from cancelbench.sink import read_records
+
+    columns = [columns] if isinstance(columns, str) else list(columns)
+    vals = column_values(read_records(out) if records is None else records, columns, **where)
     n = len(vals)
     pct = {label: (stats.percentile(vals, p) if n >= stats.min_samples(p) else None)
            for label, p in (("p50_ms", 0.5), ("p99_ms", 0.99))}
