@@ -90,11 +90,16 @@ def test_another_user_cannot_open_the_region():
         word.close()
 
 
+def _until_done(proc: EngineProcess, trial: str) -> list:
+    """Every line read up to and including ``trial``'s done (Received: the message, when it was read)."""
+    read = []
+    while not read or not (read[-1].msg["type"] == "done" and read[-1].msg["trial"] == trial):
+        read.append(proc.check(proc.messages.get(timeout=60), f"the done of {trial}"))
+    return read
+
+
 def _done(proc: EngineProcess, trial: str) -> dict:
-    while True:
-        got = proc.check(proc.messages.get(timeout=60), f"the done of {trial}")
-        if got.msg["type"] == "done" and got.msg["trial"] == trial:
-            return got.msg
+    return _until_done(proc, trial)[-1].msg
 
 
 def _run(proc: EngineProcess, trial: str, seq: int | None) -> None:
@@ -172,9 +177,7 @@ def test_a_native_reader_of_the_text_engine_sees_the_word_before_the_line(mechan
                    "cancel_seq": seq})
         _first_step(proc, "n1")
         t_store = proc.word.store(seq)
-        read = []
-        while not read or read[-1].msg["type"] != "done":
-            read.append(proc.check(proc.messages.get(timeout=60), "the done of n1"))
+        read = _until_done(proc, "n1")
         done = read[-1].msg
         assert done["outcome"] == "cancelled" and done["cancel_via"] == "word"
         assert done["cancel_received_t"] >= t_store

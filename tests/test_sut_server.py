@@ -70,11 +70,14 @@ class RawEngine:
 
     def until(self, pred) -> list[dict]:
         """Messages up to and including the first that satisfies ``pred``."""
+        return [msg for msg, _ in self.until_at(pred)]
+
+    def until_at(self, pred) -> list[tuple[dict, int]]:
+        """:meth:`until` with when each message was read here."""
         got = []
         while True:
-            msg = self.recv()
-            got.append(msg)
-            if pred(msg):
+            got.append(self.recv_at())
+            if pred(got[-1][0]):
                 return got
 
     def err(self) -> str:
@@ -207,9 +210,7 @@ def test_a_trials_events_after_its_cancel_are_written_after_its_terminal_decisio
     t_run = e.run("h.1", "abort_callback")
     before = e.until(lambda m: m["type"] == "step")  # inside the minute-long native wait
     e.send({"type": "cancel", "trial": "h.1"})
-    read = []
-    while not read or read[-1][0]["type"] != "done":
-        read.append(e.recv_at())
+    read = e.until_at(lambda m: m["type"] == "done")
     done = read[-1][0]
     assert done["outcome"] == "cancelled"
     after = [(m, t_read) for m, t_read in read[:-1] if m["t"] >= done["cancel_received_t"]]
@@ -237,6 +238,28 @@ def test_held_events_are_written_in_order_after_the_terminal_decision_and_before
     assert written()[2:] == [("cancel_seen", None, True), ("step", "end", True)]  # in order, once decided
     assert done["type"] == "done" and done["cancel_received_t"] == 4
     assert [m["t"] for m, _ in server.sent] == [2, 3, 5, 6]  # each with its own time
+
+
+def test_a_receipt_the_engines_own_cancel_state_took_holds_the_trials_events():
+    """A built-in engine's native reader latches the shared word: its CancelControl takes the cancel, and
+    the trial learns of it only when run returns. The engine's receipt hook holds the events from then on
+    (cancelbench.sut.builtin._ThreadReadings.at_receipt), so that stop writes nothing either."""
+    from helpers import RecordingServer
+
+    from cancelbench import native
+    from cancelbench.device_agents.engines.base import CancelControl, Progress
+    from cancelbench.sut.builtin import _ThreadReadings
+
+    server = RecordingServer("abort_callback")
+    trial = server.run()
+    ctl = CancelControl(native.CancelToken(), Progress())
+    ctl.cpu = _ThreadReadings(trial, ctl)
+    trial.phase("prefill", 2)
+    assert ctl.request(native.now_ns())  # the engine's own cancel state: the trial is not told
+    assert trial.cancel_received_ns is None
+    trial.step_start(3)
+    trial.step_end(4)
+    assert [m["type"] for m, _ in server.sent] == ["phase"]
 
 
 def test_cancel_before_run_is_latched(engines):
