@@ -19,7 +19,7 @@ namespaces (tests/netns.py: a real ``ray start`` per host, token auth), N/K per
 host, and the driver runs in the head's namespace as on a head machine; the
 agents' CPU is then that of every DeviceAgent process on this machine.
 
-    python benchmarks/bench_scale.py [--devices 1 8 32 64] [--trials 4] [--label before]
+    python benchmarks/bench_scale.py [--devices 1 8 32 64] [--trials 4] [--label before] [--engine-process agent]
         [--phase-us 20000] [--netns-hosts 3] [--out benchmarks/results/scale.json]
     python benchmarks/bench_scale.py --plot benchmarks/results/scale.png --plot-labels L1 L2 ...
 
@@ -159,13 +159,13 @@ def _pcts(values) -> dict:
 
 
 def run(n: int, trials: int, phase_us: int, granularity_us: int, address: str | None = None,
-        hosts: int = 1) -> dict:
+        hosts: int = 1, engine_process: str | None = None) -> dict:
     from cancelbench.orchestrator.config import DeviceSelector, OffsetSpec, SweepConfig, WorkloadSpec
     from cancelbench.orchestrator.runner import Sweep
     from cancelbench.sink import read_records
 
     wl = WorkloadSpec(name="sim", engine="sim", sim_phase_us=phase_us, sim_granularity_us=granularity_us,
-                      sim_steps=4)
+                      sim_steps=4, engine_process=engine_process)
     cfg = SweepConfig(seed=1, trials_per_cell=trials, reference_runs=3, workloads=(wl,),
                       mechanisms=("abort_callback",), deliveries=("driver",),
                       offsets=OffsetSpec(plan="uniform", max_fraction=0.8), ping_samples=5,
@@ -186,7 +186,7 @@ def run(n: int, trials: int, phase_us: int, granularity_us: int, address: str | 
     c = df[df.trial_kind == "cancel"]
     planned = n * (3 + trials)
     return {
-        "devices": n, "cancels_per_device": trials, "hosts": hosts, "hosts_seen": int(df.host.nunique()), "planned": planned, "written": int(len(df)), "unique_trials": int(df.trial_id.nunique()),
+        "devices": n, "engine_process": wl.process, "cancels_per_device": trials, "hosts": hosts, "hosts_seen": int(df.host.nunique()), "planned": planned, "written": int(len(df)), "unique_trials": int(df.trial_id.nunique()),
         "exit_code": result.exit_code, "outcomes": {k: int(v) for k, v in df.outcome.value_counts().items()},
         "sweep_wall_s": round(wall, 2), "trial_window_s": round(span_s, 3),
         "trials_per_s": round(len(df) / span_s, 2), "records_per_s": round(len(df) / span_s, 2),
@@ -211,7 +211,7 @@ def _run_local(args) -> list[dict]:
     runs = []
     try:
         for n in args.devices:
-            r = run(n, trials_for(n, args), args.phase_us, args.granularity_us)
+            r = run(n, trials_for(n, args), args.phase_us, args.granularity_us, engine_process=args.engine_process)
             print(json.dumps(r), file=sys.stderr, flush=True)
             runs.append(r)
     finally:
@@ -235,7 +235,8 @@ def _run_netns(args) -> list[dict]:
             r = c.run(c.head, [sys.executable, str(Path(__file__).resolve()), "--address", c.address,
                                "--netns-hosts", str(args.netns_hosts), "--devices", str(n), "--trials",
                                str(trials_for(n, args)), "--min-cancels", "0", "--phase-us", str(args.phase_us), "--granularity-us",
-                               str(args.granularity_us)], timeout=3600)
+                               str(args.granularity_us), *(["--engine-process", args.engine_process]
+                                                           if args.engine_process else [])], timeout=3600)
             if r.returncode:
                 raise SystemExit(f"bench_scale: the run of {n} devices failed: {r.stderr[-2000:]}")
             # Ray may print on stdout too: the result is the one line this script's inner run prints
@@ -318,6 +319,9 @@ def main() -> int:
     ap.add_argument("--phase-us", type=int, default=20_000)
     ap.add_argument("--granularity-us", type=int, default=1_000)
     ap.add_argument("--label", default="run")
+    ap.add_argument("--engine-process", choices=("channel", "agent"),
+                    help="where the sim engine runs (default: its default, the in-process channel; agent: called "
+                         "directly, the path issue 34 retires)")
     ap.add_argument("--netns-hosts", type=int, default=1,
                     help="spread the devices over this many network-namespace hosts (root; N divisible by it)")
     ap.add_argument("--plot", type=Path, help="draw the --plot-labels entries of --out as a PNG here, run nothing")
@@ -341,7 +345,7 @@ def main() -> int:
     if args.address:  # the inner run, in the head's namespace: one JSON line per N on stdout
         for n in args.devices:
             print(json.dumps(run(n, trials_for(n, args), args.phase_us, args.granularity_us, args.address,
-                                 args.netns_hosts)), flush=True)
+                                 args.netns_hosts, args.engine_process)), flush=True)
         return 0
     runs = _run_netns(args) if args.netns_hosts > 1 else _run_local(args)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,

@@ -152,7 +152,7 @@ _FIELDS: list[tuple] = [
     ("agent_switch_interval_us", _F64, "host", "the agent process's Python switch interval (sys.getswitchinterval), µs: how long a cancel arriving while the engine runs Python may wait for the GIL"),
     ("workload", _STR, "settings", "workload name from the sweep config"),
     ("engine", _STR, "settings", "text | tts | stt | probe | sim (simulated: waits, not compute)"),
-    ("engine_process", _STR, "settings", "where the engine ran: agent (in the agent's process) | child (a process of its own the agent started and supervised, speaking the engine protocol: a built-in engine through the engine library, an external engine always); null in records older than schema 12"),
+    ("engine_process", _STR, "settings", "where the engine ran: agent (in the agent's process, called directly) | child (a process of its own the agent started and supervised, speaking the engine protocol: a built-in engine through the engine library, an external engine always) | channel (a simulated engine only: the engine library on a thread of the agent's process, speaking the same protocol over a pipe pair; since schema 13, the sim engine's default); null in records older than schema 12"),
     ("model", _STR, "settings", "model file name"),
     ("model_sha256", _STR, "settings", "sha256 of the model file (verified against its lock on the agent)", "either"),
     ("mmproj", _STR, "settings", "multimodal projector file name (tts/stt), else null"),

@@ -129,6 +129,14 @@ def own_thread_reading(tid: int) -> tuple[int, int, int] | None:
     return None
 
 
+def forget_own_thread(tid: int) -> None:
+    """Thread ``tid`` of this process has ended (an engine's on the in-process channel): its kept-open
+    schedstat is closed. Called by that thread last, when nothing reads it any more."""
+    fd = _SCHEDSTAT_FDS.pop(tid, None)
+    if fd is not None:
+        os.close(fd)
+
+
 class ThreadFiles:
     """The schedstat and status files of one process's threads, opened once and kept open
     across trials: a snapshot is a pread of each schedstat (opening /proc files costs 5x more).
@@ -329,10 +337,11 @@ class Window:
                 self._mhz = cpu_mhz(self.pid) if self._terminal is not None else None
 
     def watch(self, pid: int) -> None:
-        """The engine runs in ``pid`` (an external engine, maybe restarted): a receipt already
-        taken (a cancel latched before the run) is taken again on it. Its trial thread is unknown."""
+        """The engine runs in ``pid`` (an external engine, maybe restarted; the agent's own for one on the
+        in-process channel, sut/channel.py), not on the agent's trial thread: a receipt already taken (a
+        cancel latched before the run) is taken again on it. Its trial thread is unknown to the agent."""
         with self._lock:
-            if pid == self.pid:
+            if pid == self.pid and self.trial_tid is None:
                 return
             self.pid, self._why, self.trial_tid = pid, unavailable_reason(pid), None
             self._trial = [None, None]

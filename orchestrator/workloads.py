@@ -13,8 +13,8 @@ from dataclasses import field
 from pathlib import Path
 
 from cancelbench.bargein import BargeinSettings
-from cancelbench.device_agents.engines.registry import (AGENT, BACKENDS, CHILD, ENGINE_PROCESSES, ENGINES, EXTERNAL,
-                                                         EngineSpec, external_spec,
+from cancelbench.device_agents.engines.registry import (AGENT, BACKENDS, CHANNEL, CHILD, ENGINE_PROCESSES, ENGINES,
+                                                         EXTERNAL, EngineSpec, external_spec,
                                                          MAX_SEED, is_external)
 from cancelbench.engine_decls import ALL_GPU_LAYERS, resolve_settings
 from cancelbench.inputs import expect_choice, expect_name
@@ -48,8 +48,8 @@ class _WorkloadBase:
     @property
     def process(self) -> str:
         """Where its engine runs (ENGINE_PROCESSES): the workload's engine_process, else its engine's
-        default (a real engine in a child, the simulated one in the agent); an external engine always
-        in a process of its own."""
+        default (a real engine in a child, the simulated one over the in-process channel); an external
+        engine always in a process of its own."""
         if is_external(self.engine):
             return CHILD
         return self.engine_process or self.spec.default_process
@@ -72,8 +72,8 @@ class _WorkloadBase:
         """What the agent's engine is built from (the load payload, without locks)."""
         # None: the engine (or the agent, for the device's n_gpu_layers) chooses
         d = {"engine": self.engine, **{k: v for k, v in self.resolved_settings().items() if v is not None}}
-        if self.process == CHILD and not is_external(self.engine):
-            d["engine_process"] = CHILD  # the agent starts it through the engine library (engines/builtin_child.py)
+        if self.process in (CHILD, CHANNEL) and not is_external(self.engine):
+            d["engine_process"] = self.process  # through the engine library (engines/builtin_child.py)
         if is_external(self.engine):
             d = {"engine": EXTERNAL, "settings": self.resolved_settings(), "command": list(self.command),
                  "cwd": self.cwd, "env": dict(self.env), "startup_timeout_s": self.startup_timeout_s,
@@ -171,6 +171,9 @@ def parse_workload(raw: dict, i: int, declare=None) -> WorkloadSpec:
         if external and kwargs["engine_process"] != CHILD:
             raise ConfigError(f"{where}.engine_process: an external engine always runs in a process of its own "
                               f"({CHILD!r}), got {kwargs['engine_process']!r}")
+        if kwargs["engine_process"] == CHANNEL and not (engine in ENGINES and ENGINES[engine].simulated):
+            raise ConfigError(f"{where}.engine_process: only a simulated engine runs over the in-process channel "
+                              f"({CHANNEL!r}): a real one's crash or stall would take the agent with it")
     if external:
         kwargs.setdefault("model", None)
         kwargs.update(_external_keys(raw, where))

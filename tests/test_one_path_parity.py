@@ -69,7 +69,14 @@ engine_process = "child"
 {keys}
 {settings.replace(", ", chr(10))}
 """
-    return text
+    keys, settings = PAIRS["sim"]  # the simulated engine's own path: the protocol over the in-process channel
+    return text + f"""
+[[workload]]
+name = "sim-channel"
+engine = "sim"
+engine_process = "channel"
+{settings.replace(", ", chr(10))}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +108,7 @@ def test_out_of_process_rows_fill_every_column_the_in_process_rows_fill(records,
         assert set(extra) <= PROTOCOL_ONLY, (engine, kind, extra)  # the rest is what both paths record
         # the engine names its own call in flight at receipt (1.5), not the agent's "step"
         assert "step" not in set(outside.native_call_at_receipt.dropna()), (engine, kind)
-    both = df[df.workload.str.startswith(f"{engine}-")]
+    both = df[df.workload.isin([f"{engine}-in", f"{engine}-out"])]
     for col in TYPED:  # the same settings shaped both: typed, resolved, the sweep's seed where none is set
         if col in both and both[col].notna().any():
             assert both.groupby("workload")[col].nunique(dropna=False).max() == 1, (engine, col)
@@ -110,3 +117,23 @@ def test_out_of_process_rows_fill_every_column_the_in_process_rows_fill(records,
     assert (both.engine == engine).all() and both.engine_build_json.isna().all()  # a built-in row, both ways
     if engine == "tts":
         assert (both.sampling_seed == SEED).all()  # the sweep's seed in both (a TTS workload sets none)
+
+
+def test_the_channel_fills_every_column_a_child_process_fills(records):
+    """The sim engine over the in-process channel is the one path with another transport: its rows fill
+    exactly the columns the same engine's rows fill from a process of its own, with the same settings."""
+    df = records
+    for kind in ("reference", "cancel"):
+        child = df[(df.workload == "sim-out") & (df.trial_kind == kind)]
+        channel = df[(df.workload == "sim-channel") & (df.trial_kind == kind)]
+        assert len(channel) and len(channel) == len(child), (kind, len(channel), len(child))
+        set_child, set_channel = child.notna().any(), channel.notna().any()
+        assert sorted(c for c in df.columns if set_child[c] != set_channel[c]) == [], kind
+    channel = df[df.workload == "sim-channel"]
+    assert (channel.engine_process == "channel").all() and (channel.engine == "sim").all()
+    assert (channel.engine_restarts == 0).all()
+    cancelled = channel[channel.outcome == "cancelled"]
+    assert len(cancelled) and cancelled.trial_cpu_ms.notna().all() and cancelled.trial_cpu_wait_ms.notna().all()
+    for col in TYPED:
+        if df[df.workload == "sim-out"][col].notna().any():
+            assert df[df.workload.isin(["sim-out", "sim-channel"])][col].nunique(dropna=False) == 1, col

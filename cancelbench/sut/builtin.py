@@ -68,10 +68,11 @@ def declaration_of(name: str) -> Declaration:
 class BuiltinEngine:
     """A built-in engine behind the protocol server (see the module docstring)."""
 
-    def __init__(self, name: str, declaration: Declaration | None = None) -> None:
+    def __init__(self, name: str, declaration: Declaration | None = None, *, in_agent: bool = False) -> None:
         from cancelbench.device_agents.engines.registry import engine_spec
 
         self.name = name
+        self.in_agent = in_agent  # on a thread of the agent's process (sut/channel.py): it must never end it
         self.spec = engine_spec(name)
         self.declaration = declaration or declaration_of(name)
         self.engine = None
@@ -154,6 +155,8 @@ class BuiltinEngine:
         token.watch(trial.word, trial.cancel_seq)  # the shared cancel word: every reader sees it at its next poll
         listener = self._listener(trial, token)
         crash = failpoints.engine_signal(trial.id)
+        if crash is not None and self.in_agent:
+            raise RuntimeError("a crash failpoint would end the agent: this engine runs in the agent's process")
         if crash is not None:  # a test's crash mid-trial (cancelbench.failpoints): at the first step call
             listener = _crashing(listener, crash)
         progress = Progress(step_calls=self.spec.step_calls, listener=listener)

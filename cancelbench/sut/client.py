@@ -55,8 +55,12 @@ def describe_exit(rc: int | None) -> str:
 
 class EngineProcess:
     def __init__(self, command: list[str], *, cwd: str | None = None, env: dict | None = None,
-                 startup_timeout_s: float = 30.0, answer_timeout_s: float = 10.0, cancel_word: bool = True) -> None:
+                 startup_timeout_s: float = 30.0, answer_timeout_s: float = 10.0, cancel_word: bool = True,
+                 spawn=ChildProcess) -> None:
         self.command, self.cwd, self.env = list(command), cwd, dict(env or {})
+        # what runs the engine: ChildProcess (a process of its own), or channel.ThreadEngine's factory (a
+        # simulated engine on a thread of this process); called as ChildProcess is
+        self._spawn = spawn
         self.offer_word = cancel_word  # False: no shared cancel word (the line alone), as for an engine without one
         self.startup_timeout_s, self.answer_timeout_s = startup_timeout_s, answer_timeout_s
         self.proc: ChildProcess | None = None
@@ -88,7 +92,7 @@ class EngineProcess:
         # offered to every engine (unless the workload says not); used with one that declares cancel_word
         self.word = cancel_word.create() if self.offer_word else None
         try:
-            self.proc = ChildProcess(self.command, cwd=self.cwd, env=self.env, mark=self.mark, word=self.word)
+            self.proc = self._spawn(self.command, cwd=self.cwd, env=self.env, mark=self.mark, word=self.word)
         except SpawnError as exc:
             self._close_word()
             raise EngineError(str(exc)) from None

@@ -146,7 +146,7 @@ class Server:
     """The protocol state of one engine process (see :func:`serve`)."""
 
     def __init__(self, engine: Engine, read: Callable[[int], bytes], write: Callable[[bytes], None],
-                 eof_grace_s: float | None = 4.0) -> None:
+                 eof_grace_s: float | None = 4.0, word: int | None | type[Ellipsis] = ...) -> None:
         self.engine = engine
         self.declaration: Declaration = engine.declaration
         self._read = read
@@ -163,8 +163,9 @@ class Server:
         self._run_over = threading.Event()
         self._run_over.set()
         # The shared cancel word the agent handed over (its address; None: none, or it cannot be mapped):
-        # every Trial with a run.cancel_seq looks at it (Trial.cancelled, sleep, terminal).
-        self.word: int | None = cancel_word.inherited()
+        # every Trial with a run.cancel_seq looks at it (Trial.cancelled, sleep, terminal). ``...``: the one
+        # this process inherited; an engine in the agent's own process (sut/channel.py) is given its address.
+        self.word: int | None = cancel_word.inherited() if word is ... else word
 
     # -- output ------------------------------------------------------------
     def write_line(self, line: bytes) -> bool:
@@ -182,6 +183,13 @@ class Server:
 
     def send(self, msg: dict) -> bool:
         return self.write_line(encode(msg))
+
+    def close_output(self, close: Callable[[], None]) -> None:
+        """Nothing more is written (as once stdout is gone), then ``close()`` under the stdout lock: a
+        writer on another thread (the stdin thread's pongs) never writes to the stream once closed."""
+        with self.stdout_lock:
+            self._out_closed = True
+            close()
 
     def error(self, of: str | None, message: str) -> None:
         self.send({"type": "error", "of": of, "message": one_line(message)})

@@ -49,3 +49,13 @@ class BuiltinChildEngine(ExternalEngine):
 
     def identity_columns(self) -> dict:
         return {**super().identity_columns(), "engine_build_json": None}  # the agent's build: its llama.cpp columns
+
+
+class BuiltinChannelEngine(BuiltinChildEngine):
+    """A simulated built-in engine on a thread of the agent's process, over the in-process channel
+    (a workload's ``engine_process = "channel"``; cancelbench.sut.channel): the same protocol, no process."""
+
+    def spawn(self, command: list[str], *, word=None, **_):
+        from cancelbench.sut.channel import ThreadEngine
+
+        return ThreadEngine(self.builtin, word=word)

@@ -20,6 +20,7 @@ import queue
 
 from cancelbench import native
 from cancelbench.request import TrialRequest
+from cancelbench.sut.child import ChildProcess
 from cancelbench.sut.client import EngineError, EngineProcess, Received, in_trial
 from cancelbench.sut.protocol import AT_RECEIPT_CALL, AT_RECEIPT_FIELDS, AT_RECEIPT_GRAPH, AUDIO_OUT, TRIAL_EVENTS
 
@@ -60,7 +61,7 @@ class ExternalEngine:
         proc = EngineProcess(p["command"], cwd=p.get("cwd"), env=p.get("env"),
                              startup_timeout_s=float(p.get("startup_timeout_s", 30)),
                              answer_timeout_s=float(p.get("answer_timeout_s", 10)),
-                             cancel_word=p.get("cancel_word", True))
+                             cancel_word=p.get("cancel_word", True), spawn=self.spawn)
         self.proc = proc
         decl = proc.start()
         if p.get("contract") and decl.contract() != p["contract"]:
@@ -74,6 +75,10 @@ class ExternalEngine:
         if decl.can(AUDIO_OUT) and self.sample_rate is None:
             proc.close()
             raise EngineError(f"the engine declares {AUDIO_OUT} but its loaded has no audio_sample_rate")
+
+    def spawn(self, command: list[str], **kw) -> ChildProcess:
+        """Run its engine: a process of its own (the channel's engine overrides this)."""
+        return ChildProcess(command, **kw)
 
     def describe(self) -> dict:
         d = self.declaration

@@ -33,8 +33,8 @@ class EngineSpec:
     needs_mmproj: bool = False  # the workload must name a multimodal projector (and a real model)
     simulated: bool = False  # reports mark a simulated engine as such
     # Where it runs unless a workload says (ENGINE_PROCESSES): a real engine in a child process the agent
-    # supervises (a crash costs one trial); the simulated one, which measures the harness alone, in the
-    # agent's (the scale benchmark would otherwise double its processes).
+    # supervises (a crash costs one trial); the simulated one, which measures the harness alone, behind the
+    # same protocol on a thread of the agent's (the scale benchmark would otherwise double its processes).
     default_process: str = "child"
     needs_model: bool = True  # False: no model file, no lock, no corpus (probe, sim)
     external: bool = False  # runs out of process through the engine protocol (docs/sut-protocol.md)
@@ -101,17 +101,19 @@ ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
                needs_model=False, synthetic_input="busy"),
     # Waits instead of compute (native/cancel_token.c cb_sim_wait): scale work and a known answer.
     EngineSpec("sim", DECLARATIONS["sim"], ".sim:SimEngine", simulated=True, step_calls=frozenset({"cb_sim_wait"}),
-               needs_model=False, default_process="agent"),
+               needs_model=False, default_process="channel"),
 )}
 EXTERNAL = "external"  # the engine name of workloads that run a team's own engine (docs/sut-protocol.md)
 # Where a workload's engine runs (a workload's engine_process, a record column): in the agent's process,
-# or in a child process the agent starts and supervises, speaking the engine protocol (a built-in engine
-# through the engine library, cancelbench.sut.builtin; an external engine always).
-AGENT, CHILD = "agent", "child"
-ENGINE_PROCESSES = (AGENT, CHILD)
+# called directly; in a child process the agent starts and supervises, speaking the engine protocol (a
+# built-in engine through the engine library, cancelbench.sut.builtin; an external engine always); or, a
+# simulated engine only, behind the same protocol on a thread of the agent's process (cancelbench.sut.channel).
+AGENT, CHILD, CHANNEL = "agent", "child", "channel"
+ENGINE_PROCESSES = (AGENT, CHILD, CHANNEL)
 SPEECH_ENGINES = tuple(name for name, spec in ENGINES.items() if spec.speech)
 _EXTERNAL_FACTORY = ".external:ExternalEngine"
 _BUILTIN_CHILD_FACTORY = ".builtin_child:BuiltinChildEngine"
+_BUILTIN_CHANNEL_FACTORY = ".builtin_child:BuiltinChannelEngine"
 
 
 def is_external(engine: str | None) -> bool:
@@ -123,8 +125,8 @@ def make_engine(payload: dict):
     """The engine a workload's payload names, built (an agent's side: it imports the engine's module)."""
     name = payload.get("engine", "text")
     factory = _EXTERNAL_FACTORY if is_external(name) else engine_spec(name).factory
-    if not is_external(name) and payload.get("engine_process") == CHILD:
-        factory = _BUILTIN_CHILD_FACTORY
+    if not is_external(name) and payload.get("engine_process") in (CHILD, CHANNEL):
+        factory = _BUILTIN_CHILD_FACTORY if payload["engine_process"] == CHILD else _BUILTIN_CHANNEL_FACTORY
     module, cls = factory.split(":")
     return getattr(importlib.import_module(module, __package__), cls)(payload)
 
