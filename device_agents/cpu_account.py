@@ -130,8 +130,7 @@ def own_thread_reading(tid: int) -> tuple[int, int, int] | None:
 
 
 def forget_own_thread(tid: int) -> None:
-    """Thread ``tid`` of this process has ended (an engine's on the in-process channel): its kept-open
-    schedstat is closed. Called by that thread last, when nothing reads it any more."""
+    """Thread ``tid`` (an in-process channel's engine) ends: its kept-open schedstat is closed."""
     fd = _SCHEDSTAT_FDS.pop(tid, None)
     if fd is not None:
         os.close(fd)
@@ -337,9 +336,8 @@ class Window:
                 self._mhz = cpu_mhz(self.pid) if self._terminal is not None else None
 
     def watch(self, pid: int) -> None:
-        """The engine runs in ``pid`` (an external engine, maybe restarted; the agent's own for one on the
-        in-process channel, sut/channel.py), not on the agent's trial thread: a receipt already taken (a
-        cancel latched before the run) is taken again on it. Its trial thread is unknown to the agent."""
+        """The engine runs in ``pid`` (maybe restarted; the agent's own on the in-process channel), not on
+        the agent's trial thread: a receipt already taken (a cancel latched before the run) is taken again."""
         with self._lock:
             if pid == self.pid and self.trial_tid is None:
                 return

@@ -227,7 +227,9 @@ EXIT_2_CONFIGS = {
                            "no 'qwen3a' projector"),
     "unknown fixture": ('[[workload]]\nname = "w"\nmodel = "fixture:nope"\n', "unknown fixture 'nope'"),
     "unknown engine": ('[[workload]]\nname = "w"\nengine = "video"\n', "unknown engine 'video'"),
-    "unknown engine_process": ('[[workload]]\nname = "w"\nengine_process = "thread"\n', "engine_process: unknown value 'thread' (known: agent, child)"),
+    "unknown engine_process": ('[[workload]]\nname = "w"\nengine_process = "thread"\n', "engine_process: unknown value 'thread' (known: agent, child, channel)"),
+    "a real engine over the channel": ('[[workload]]\nname = "w"\nengine_process = "channel"\n',
+                                       "only a simulated engine runs over the in-process channel"),
     "external in the agent": ('[[workload]]\nname = "w"\nengine = "external"\ncommand = ["x"]\nengine_process = "agent"\n',
                               "an external engine always runs in a process of its own"),
     # Found after the local Ray started: still one line, nothing written.
