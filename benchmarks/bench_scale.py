@@ -188,6 +188,8 @@ def run(n: int, trials: int, phase_us: int, granularity_us: int, address: str | 
     return {
         "devices": n, "engine_process": wl.process, "cancels_per_device": trials, "hosts": hosts, "hosts_seen": int(df.host.nunique()), "planned": planned, "written": int(len(df)), "unique_trials": int(df.trial_id.nunique()),
         "exit_code": result.exit_code, "outcomes": {k: int(v) for k, v in df.outcome.value_counts().items()},
+        # an error row's own words (the dataset is a temporary one): the first five, one line each
+        "errors": [f"{r.trial_id}: {' '.join(str(r.error).split())[:300]}" for r in df[df.outcome == "error"].head(5).itertuples()],
         "sweep_wall_s": round(wall, 2), "trial_window_s": round(span_s, 3),
         "trials_per_s": round(len(df) / span_s, 2), "records_per_s": round(len(df) / span_s, 2),
         **cpu.window(t_first, t_last), **children.window(t_first, t_last),

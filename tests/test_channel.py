@@ -53,6 +53,8 @@ def test_a_sim_engine_over_the_channel_is_cancelled_mid_wait_and_starts_no_proce
         assert type(engine).__name__ == "BuiltinChannelEngine"
         assert engine.proc.proc.pid == os.getpid()  # the engine's threads are the agent's
         assert engine.proc.uses_word  # the shared word, its address handed over directly
+        # the stall reads the engine's two threads, not every thread of the agent's process
+        assert len(engine.proc.proc.engine_tids) == 2 and os.getpid() not in engine.proc.proc.engine_tids
         ctl = CancelControl(native.CancelToken(), Progress())
         entered = threading.Event()
         ctl.progress.listener = lambda event, phase, t: entered.set() if event == "step" else None
@@ -69,6 +71,7 @@ def test_a_sim_engine_over_the_channel_is_cancelled_mid_wait_and_starts_no_proce
         # from whichever it saw first
         assert cols["engine_cancel_path"] == "word" and cols["engine_cancel_via"] in ("word", "line"), cols
         assert cols["engine_clock"] == "same" and cols["engine_restarts"] == 0, cols
+        assert cols["cancel_stall_ns"] is not None and cols["cancel_stall_ns"] >= 0, cols  # read on those threads
         counters = json.loads(cols["engine_counters_json"])
         assert counters["known_answer_error_ns"] >= 0  # the sim's known answer came over the pipe
         assert {p.pid for p in psutil.Process().children(recursive=True)} == children  # no process started
@@ -77,7 +80,8 @@ def test_a_sim_engine_over_the_channel_is_cancelled_mid_wait_and_starts_no_proce
     assert thread_engine.poll() == 0  # the server returned (shutdown), its thread is gone
     assert not [t for t in _engine_threads() if t.is_alive()]
     assert _open_fds() <= fds  # every pipe end and the word's descriptor closed
-    assert engine_tid not in cpu_account._SCHEDSTAT_FDS  # the engine thread's kept-open schedstat too
+    # the engine's threads' kept-open schedstat too (its trial thread's readings, the stall's)
+    assert not {engine_tid, thread_engine.server.reader_tid} & set(cpu_account._SCHEDSTAT_FDS)
 
 
 def test_only_a_simulated_engine_may_run_over_the_channel(tmp_path):

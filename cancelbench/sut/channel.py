@@ -69,6 +69,12 @@ class ThreadEngine:
             self.server.close_output(lambda: os.close(self._from_engine_w))  # the agent's reader: end of stream
             self._rc = rc
 
+    @property
+    def engine_tids(self) -> tuple[int, ...]:
+        """The engine's threads (the server's and its stdin thread): the stall reads these, not the agent's."""
+        tids = (self._thread.native_id, self.server.reader_tid)
+        return tuple(t for t in tids if t is not None)
+
     def poll(self) -> int | None:
         return None if self._thread.is_alive() else self._rc
 
@@ -86,6 +92,10 @@ class ThreadEngine:
         except OSError:
             pass
         self._thread.join(TERM_GRACE_S)
+        if self.server.reader_tid is not None:  # the stall's readings of the stdin thread (engine_tids)
+            from cancelbench.device_agents.cpu_account import forget_own_thread
+
+            forget_own_thread(self.server.reader_tid)
         try:
             self.stdout.raw.close()  # the raw stream, not its buffer (client.ChildProcess.end says why)
         except OSError:

@@ -169,7 +169,9 @@ class EngineProcess:
         return stall.stall_ns(self._waits_at_cancel, self._run_delays())
 
     def _run_delays(self) -> stall.RunDelays | None:
-        return None if self.proc is None else stall.run_delays(self.proc.pid, self._reader_tid)
+        if self.proc is None:
+            return None
+        return stall.run_delays(self.proc.pid, self._reader_tid, getattr(self.proc, "engine_tids", None))
 
     @property
     def uses_word(self) -> bool:

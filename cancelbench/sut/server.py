@@ -162,6 +162,7 @@ class Server:
         self._eof = threading.Event()
         self._run_over = threading.Event()
         self._run_over.set()
+        self.reader_tid: int | None = None  # the stdin thread's (Linux tid), once it runs
         # The shared cancel word the agent handed over (its address; None: none, or it cannot be mapped):
         # every Trial with a run.cancel_seq looks at it (Trial.cancelled, sleep, terminal). ``...``: the one
         # this process inherited; an engine in the agent's own process (sut/channel.py) is given its address.
@@ -196,6 +197,7 @@ class Server:
 
     # -- the stdin thread --------------------------------------------------
     def _reader(self) -> None:
+        self.reader_tid = threading.get_native_id()
         lines = _Lines(self._read)
         while True:
             item = lines.next()

@@ -13,14 +13,19 @@ from cancelbench.device_agents import cpu_account
 RunDelays = tuple[dict[int, int], int]
 
 
-def run_delays(engine_pid: int, reader_tid: int | None) -> RunDelays | None:
+def run_delays(engine_pid: int, reader_tid: int | None, engine_tids: tuple[int, ...] | None = None) -> RunDelays | None:
     """Now: the run delay of each thread of the engine process and of the agent's reader thread (a thread of
-    this process). None where there is none (not Linux, no reader yet, the engine gone)."""
+    this process). ``engine_tids``: the engine's threads are these threads of this process (the in-process
+    channel: the agent's other threads are not the engine's). None where there is none (not Linux, no reader
+    yet, the engine gone)."""
     if reader_tid is None or sys.platform != "linux":
         return None
     own = cpu_account.own_thread_reading(reader_tid)
     if own is None:
         return None
+    if engine_tids is not None:
+        readings = {tid: cpu_account.own_thread_reading(tid) for tid in engine_tids}
+        return {tid: r[2] for tid, r in readings.items() if r is not None}, own[2]
     try:
         engine = {tid: wait for tid, (_, wait, _) in cpu_account.read_threads(engine_pid).items()}
     except OSError:
