@@ -58,6 +58,28 @@ def cancel_inside_call(ctl, call_name: str | None = None, when: Callable = lambd
     return landed
 
 
+def cancel_at_first_step(engine, trial_id: str, *, wait_s: float = 60.0):
+    """One agent-delivered cancel trial of an engine the agent drives (its ``run(request, ctl)``, no Ray):
+    the cancel taken by the agent's control once the engine's first step event is read (inside its first
+    step: a wait of the sim engine), not at a time. The result and the record's columns."""
+    import threading
+
+    from cancelbench.device_agents.engines.base import CancelControl, Progress
+    from cancelbench.request import TrialRequest
+
+    ctl = CancelControl(native.CancelToken(), Progress())
+    entered = threading.Event()
+    ctl.progress.listener = lambda event, phase, t: entered.set() if event == "step" else None
+
+    def cancel_in_the_step() -> None:
+        if entered.wait(wait_s):
+            ctl.request(native.now_ns())
+    threading.Thread(target=cancel_in_the_step, daemon=True).start()
+    result = engine.run(TrialRequest("abort_callback", "", trial_id=trial_id, trial_kind="cancel",
+                                     delivery="agent"), ctl)
+    return result, engine.trial_columns()
+
+
 def cancel_when(ctl, predicate: Callable) -> dict:
     """Land the cancel inside the first native call that starts while ``predicate(ctl.progress)`` holds."""
     return cancel_inside_call(ctl, None, predicate)

@@ -20,6 +20,7 @@ from cancelbench.device_agents.engines.registry import make_engine
 from cancelbench.orchestrator.config import ConfigError, load_config
 from cancelbench.request import TrialRequest
 from cancelbench.sut.client import EngineError
+from helpers import cancel_at_first_step
 
 WAIT_S = 60.0  # a bound on waiting for observable state, never a timing assertion
 
@@ -55,17 +56,7 @@ def test_a_sim_engine_over_the_channel_is_cancelled_mid_wait_and_starts_no_proce
         assert engine.proc.uses_word  # the shared word, its address handed over directly
         # the stall reads the engine's two threads, not every thread of the agent's process
         assert len(engine.proc.proc.engine_tids) == 2 and os.getpid() not in engine.proc.proc.engine_tids
-        ctl = CancelControl(native.CancelToken(), Progress())
-        entered = threading.Event()
-        ctl.progress.listener = lambda event, phase, t: entered.set() if event == "step" else None
-
-        def cancel_in_the_wait() -> None:  # once the engine's first wait has begun (its step event)
-            assert entered.wait(WAIT_S)
-            ctl.request(native.now_ns())
-        threading.Thread(target=cancel_in_the_wait, daemon=True).start()
-        result = engine.run(TrialRequest("abort_callback", "", trial_id="ch.0", trial_kind="cancel",
-                                         delivery="agent"), ctl)
-        cols = engine.trial_columns()
+        result, cols = cancel_at_first_step(engine, "ch.0", wait_s=WAIT_S)  # inside the first 1 s wait
         assert result.outcome == "cancelled", cols
         # handed over through the shared word (its address given directly), then the line; the engine took it
         # from whichever it saw first

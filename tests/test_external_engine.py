@@ -369,27 +369,13 @@ def test_a_known_answer_engine_out_of_process_fills_its_column():
     """The sim engine out of process, cancelled mid-wait by the agent's control (the agent's own code
     path, no Ray): its done counter known_answer_error_ns (1.4) is the record's known_answer_error_ms,
     as in process."""
-    import threading
-
-    from cancelbench import native
-    from cancelbench.device_agents.engines.base import CancelControl, Progress
     from cancelbench.device_agents.engines.external import ExternalEngine
-    from cancelbench.request import TrialRequest
+    from helpers import cancel_at_first_step
 
     engine = ExternalEngine({"command": SIM, "settings": {"sim_phase_us": 2_000_000, "sim_granularity_us": 1_000,
                                                            "sim_steps": 2}})
     try:
-        ctl = CancelControl(native.CancelToken(), Progress())
-        entered = threading.Event()
-        ctl.progress.listener = lambda event, phase, t: entered.set() if event == "step" else None
-
-        def cancel_in_the_wait() -> None:  # once the engine's first wait has started (its step event)
-            entered.wait(GONE_WITHIN_S)
-            ctl.request(native.now_ns())
-        threading.Thread(target=cancel_in_the_wait, daemon=True).start()
-        result = engine.run(TrialRequest("abort_callback", "", trial_id="ka.0", trial_kind="cancel",
-                                         delivery="agent"), ctl)
-        cols = engine.trial_columns()
+        result, cols = cancel_at_first_step(engine, "ka.0", wait_s=GONE_WITHIN_S)
         assert result.outcome == "cancelled", cols
         counters = json.loads(cols["engine_counters_json"])
         assert counters["known_answer_error_ns"] >= 0
