@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import harness  # noqa: E402
 MODES = ("agent", "channel", "child")
 SETTINGS = {"sim_phase_us": 20_000, "sim_granularity_us": 1_000, "sim_steps": 4}
 CANCEL_AFTER_S = 0.015
@@ -90,7 +93,7 @@ def main() -> int:
     if args.trials < 1 or args.rounds < 1:
         print("bench_channel: --trials and --rounds must be at least 1", file=sys.stderr)
         return 2
-    load_start = os.getloadavg()
+    machine = {**harness.machine_facts(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
     runs = []
     for r in range(args.rounds):
         for mode in MODES:
@@ -108,14 +111,13 @@ def main() -> int:
     for mode in MODES:
         summary[mode]["cpu_vs_agent"] = round(summary[mode]["cpu_ms_per_trial_median"]
                                               / summary["agent"]["cpu_ms_per_trial_median"], 2)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    data = {"benchmark": "bench_channel", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": commit,
-            "nproc": os.cpu_count(), "loadavg_start": [round(x, 2) for x in load_start],
-            "loadavg_end": [round(x, 2) for x in os.getloadavg()], "settings": SETTINGS,
-            "cancel_after_ms": CANCEL_AFTER_S * 1e3, "summary": summary, "runs": runs}
+    machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    args.out.write_text(json.dumps({
+        "benchmark": "bench_channel", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": head.stdout.strip(),
+        "machine": machine, "settings": SETTINGS, "cancel_after_ms": CANCEL_AFTER_S * 1e3,
+        "summary": summary, "runs": runs, "reproduce": "python benchmarks/bench_channel.py"}, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
     return 0
 
