@@ -7,7 +7,9 @@ of 20 ms phases (abort_callback, 1 ms checks), the record's columns taken, as th
 Per mode, side by side in one run (interleaved rounds, so drift in the machine falls on all three):
 this process's CPU time per trial, and its split by thread (the agent's trial thread, the engine's
 trial thread and stdin thread on the channel, the agent's stdout reader), wall time per trial, and the
-outcomes (every trial must be cancelled; the run fails otherwise).
+outcomes. A trial whose cancel came after it completed (the timer late on a loaded host) costs
+about what a cancelled one does, so it is counted and said; a mode with under 90% of its trials
+cancelled fails the run (its trials would no longer be the same work).
 
     python benchmarks/bench_channel.py [--trials 200] [--rounds 3] [--out benchmarks/results/channel.json]
 """
@@ -99,8 +101,8 @@ def main() -> int:
         for mode in MODES:
             run = {"round": r, **measure(mode, args.trials)}
             print(json.dumps(run), file=sys.stderr, flush=True)
-            if set(run["outcomes"]) != {"cancelled"}:
-                print(f"bench_channel: {mode}: not every trial was cancelled: {run['outcomes']}", file=sys.stderr)
+            if run["outcomes"].get("cancelled", 0) < 0.9 * args.trials:
+                print(f"bench_channel: {mode}: under 90% of its trials cancelled: {run['outcomes']}", file=sys.stderr)
                 return 1
             runs.append(run)
     summary = {mode: {"cpu_ms_per_trial_median": statistics.median(r["cpu_ms_per_trial"] for r in runs
