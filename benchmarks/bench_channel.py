@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import harness  # noqa: E402
+
 MODES = ("agent", "channel", "child")
 SETTINGS = {"sim_phase_us": 20_000, "sim_granularity_us": 1_000, "sim_steps": 4}
 CANCEL_AFTER_S = 0.015

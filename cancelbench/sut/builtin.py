@@ -155,9 +155,9 @@ class BuiltinEngine:
         token.watch(trial.word, trial.cancel_seq)  # the shared cancel word: every reader sees it at its next poll
         listener = self._listener(trial, token)
         crash = failpoints.engine_signal(trial.id)
-        if crash is not None and self.in_agent:
-            raise RuntimeError("a crash failpoint would end the agent: this engine runs in the agent's process")
         if crash is not None:  # a test's crash mid-trial (cancelbench.failpoints): at the first step call
+            if self.in_agent:
+                raise RuntimeError("a crash failpoint would end the agent: this engine runs in the agent's process")
             listener = _crashing(listener, crash)
         progress = Progress(step_calls=self.spec.step_calls, listener=listener)
         if self.declaration.can(AUDIO_OUT):  # each window's audio, as the engine hands it to a player

@@ -31,7 +31,7 @@ class ThreadEngine:
 
     def __init__(self, engine_name: str, *, word=None) -> None:
         from .builtin import BuiltinEngine
-        from .server import Server, _fd_writer
+        from .server import Server, fd_writer
 
         to_engine_r, to_engine_w = os.pipe()
         from_engine_r, from_engine_w = os.pipe()
@@ -53,7 +53,7 @@ class ThreadEngine:
             return data
 
         # eof_grace_s None: the server never exits the process (it is the agent's)
-        self.server = Server(BuiltinEngine(engine_name, in_agent=True), read, _fd_writer(from_engine_w),
+        self.server = Server(BuiltinEngine(engine_name, in_agent=True), read, fd_writer(from_engine_w),
                              eof_grace_s=None, word=None if word is None else word.address)
         self._thread = threading.Thread(target=self._serve, name=f"engine-{engine_name}", daemon=True)
         self._thread.start()

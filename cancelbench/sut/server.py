@@ -146,7 +146,7 @@ class Server:
     """The protocol state of one engine process (see :func:`serve`)."""
 
     def __init__(self, engine: Engine, read: Callable[[int], bytes], write: Callable[[bytes], None],
-                 eof_grace_s: float | None = 4.0, word: int | None | type[Ellipsis] = ...) -> None:
+                 eof_grace_s: float | None = 4.0, word: int | None = None) -> None:
         self.engine = engine
         self.declaration: Declaration = engine.declaration
         self._read = read
@@ -164,9 +164,9 @@ class Server:
         self._run_over.set()
         self.reader_tid: int | None = None  # the stdin thread's (Linux tid), once it runs
         # The shared cancel word the agent handed over (its address; None: none, or it cannot be mapped):
-        # every Trial with a run.cancel_seq looks at it (Trial.cancelled, sleep, terminal). ``...``: the one
-        # this process inherited; an engine in the agent's own process (sut/channel.py) is given its address.
-        self.word: int | None = cancel_word.inherited() if word is ... else word
+        # every Trial with a run.cancel_seq looks at it (Trial.cancelled, sleep, terminal). A process's is the
+        # one it inherited (make_server); an engine in the agent's own process is given it (sut/channel.py).
+        self.word = word
 
     # -- output ------------------------------------------------------------
     def write_line(self, line: bytes) -> bool:
@@ -336,7 +336,7 @@ def _flush_stderr() -> None:
         pass
 
 
-def _fd_writer(fd: int) -> Callable[[bytes], None]:
+def fd_writer(fd: int) -> Callable[[bytes], None]:
     def write(data: bytes) -> None:
         view = memoryview(data)
         while view:
@@ -357,12 +357,12 @@ def make_server(engine: Engine, *, stdin=None, stdout=None, eof_grace_s: float |
         out_fd = os.dup(1)
         os.dup2(2, 1)
         sys.stdout = sys.stderr
-        write = _fd_writer(out_fd)
+        write = fd_writer(out_fd)
     else:
         def write(data: bytes) -> None:
             stdout.write(data)
             stdout.flush()
-    return Server(engine, read, write, eof_grace_s)
+    return Server(engine, read, write, eof_grace_s, word=cancel_word.inherited())
 
 
 def serve(engine: Engine, *, stdin=None, stdout=None, eof_grace_s: float | None = 4.0) -> int:

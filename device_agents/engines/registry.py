@@ -112,8 +112,8 @@ AGENT, CHILD, CHANNEL = "agent", "child", "channel"
 ENGINE_PROCESSES = (AGENT, CHILD, CHANNEL)
 SPEECH_ENGINES = tuple(name for name, spec in ENGINES.items() if spec.speech)
 _EXTERNAL_FACTORY = ".external:ExternalEngine"
-_BUILTIN_CHILD_FACTORY = ".builtin_child:BuiltinChildEngine"
-_BUILTIN_CHANNEL_FACTORY = ".builtin_child:BuiltinChannelEngine"
+# a built-in engine's factory by its workload's engine_process, where not in the agent's process
+_BUILTIN_PROTOCOL_FACTORIES = {CHILD: ".builtin_child:BuiltinChildEngine", CHANNEL: ".builtin_child:BuiltinChannelEngine"}
 
 
 def is_external(engine: str | None) -> bool:
@@ -124,9 +124,10 @@ def is_external(engine: str | None) -> bool:
 def make_engine(payload: dict):
     """The engine a workload's payload names, built (an agent's side: it imports the engine's module)."""
     name = payload.get("engine", "text")
-    factory = _EXTERNAL_FACTORY if is_external(name) else engine_spec(name).factory
-    if not is_external(name) and payload.get("engine_process") in (CHILD, CHANNEL):
-        factory = _BUILTIN_CHILD_FACTORY if payload["engine_process"] == CHILD else _BUILTIN_CHANNEL_FACTORY
+    if is_external(name):
+        factory = _EXTERNAL_FACTORY
+    else:
+        factory = _BUILTIN_PROTOCOL_FACTORIES.get(payload.get("engine_process"), engine_spec(name).factory)
     module, cls = factory.split(":")
     return getattr(importlib.import_module(module, __package__), cls)(payload)
 
