@@ -98,12 +98,8 @@ class EngineProcess:
             raise EngineError(str(exc)) from None
         if self.word is not None:  # the engine holds its copy now
             self.word.engine_started()
-        connect = getattr(self.proc, "connect", None)
-        if connect is not None:  # the in-process channel: its lines come to take_line on the engine's thread
-            self._reader_tid = connect(self.take_line)
-        else:
-            threading.Thread(target=self._read_stdout, name="engine-stdout", daemon=True).start()
-            threading.Thread(target=self._read_stderr, name="engine-stderr", daemon=True).start()
+        threading.Thread(target=self._read_stdout, name="engine-stdout", daemon=True).start()
+        threading.Thread(target=self._read_stderr, name="engine-stderr", daemon=True).start()
         try:
             first = self._next(self.startup_timeout_s, "its hello")
             if first.msg.get("type") != "hello":
@@ -271,26 +267,19 @@ class EngineProcess:
                 line = stream.readline(MAX_LINE_BYTES + 1)
             except (OSError, ValueError):
                 line = b""
-            if not self.take_line(line, native.now_ns()):
+            now = native.now_ns()
+            if not line:
+                self.messages.put(Received(None, now))
                 return
-
-    def take_line(self, line: bytes, now: int) -> bool:
-        """One line from the engine, read at ``now`` (b"": the end of its stream), onto the queue; False
-        once nothing after it can be read. Called by the stdout reader, or on the in-process channel by
-        the engine's thread as it writes (cancelbench/sut/channel.py)."""
-        if not line:
-            self.messages.put(Received(None, now))
-            return False
-        if len(line) > MAX_LINE_BYTES or not line.endswith(b"\n") and len(line) == MAX_LINE_BYTES + 1:
-            self.messages.put(Received(None, now, ProtocolError("a line of over 1 MiB (the protocol's limit)")))
-            return False  # the framing is lost: nothing after it can be trusted
-        try:  # a message type of a later protocol revision is ignored (forward compatible)
-            msg = decode(line, ENGINE_TYPES, skip_unknown=True)
-            if msg is not None:
-                self.messages.put(Received(msg, now))
-        except ProtocolError as exc:
-            self.messages.put(Received(None, now, exc))
-        return True
+            if len(line) > MAX_LINE_BYTES or not line.endswith(b"\n") and len(line) == MAX_LINE_BYTES + 1:
+                self.messages.put(Received(None, now, ProtocolError("a line of over 1 MiB (the protocol's limit)")))
+                return  # the framing is lost: nothing after it can be trusted
+            try:  # a message type of a later protocol revision is ignored (forward compatible)
+                msg = decode(line, ENGINE_TYPES, skip_unknown=True)
+                if msg is not None:
+                    self.messages.put(Received(msg, now))
+            except ProtocolError as exc:
+                self.messages.put(Received(None, now, exc))
 
     def _read_stderr(self) -> None:
         stream = self.proc.stderr

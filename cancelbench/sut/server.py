@@ -203,34 +203,25 @@ class Server:
             item = lines.next()
             if item is None:
                 break
-            self.take_line(*item)
-        self.end_of_input()
-
-    def take_line(self, line: bytes | None, t: int) -> None:
-        """One line from the agent, read at ``t`` (None: an over-long one, discarded): a ping answered, a
-        cancel delivered, anything else queued for the main thread. Called by the stdin thread, or on the
-        in-process channel by the agent's writing thread (cancelbench/sut/channel.py)."""
-        if line is None:
-            self.error(None, f"a line of over {MAX_LINE_BYTES} bytes (the limit is 1 MiB)")
-            return
-        if not line.strip():
-            return
-        try:
-            msg = decode_line(line, AGENT_TYPES)
-        except ProtocolError as exc:
-            kind = type_of(line)
-            self.error(None if kind is None else kind[:64], str(exc))
-            return
-        kind = msg["type"]
-        if kind == "ping":
-            self.send({"type": "pong", "id": msg["id"], "t": t})
-        elif kind == "cancel":
-            self._cancel(msg["trial"], t)
-        else:
-            self._queue.put((msg, t))
-
-    def end_of_input(self) -> None:
-        """The agent's stream ended (stdin closed): a run in flight is cancelled, the main thread stops."""
+            line, t = item
+            if line is None:
+                self.error(None, f"a line of over {MAX_LINE_BYTES} bytes (the limit is 1 MiB)")
+                continue
+            if not line.strip():
+                continue
+            try:
+                msg = decode_line(line, AGENT_TYPES)
+            except ProtocolError as exc:
+                kind = type_of(line)
+                self.error(None if kind is None else kind[:64], str(exc))
+                continue
+            kind = msg["type"]
+            if kind == "ping":
+                self.send({"type": "pong", "id": msg["id"], "t": t})
+            elif kind == "cancel":
+                self._cancel(msg["trial"], t)
+            else:
+                self._queue.put((msg, t))
         self._on_eof()
 
     def _cancel(self, trial_id: str, t: int) -> None:
@@ -265,11 +256,9 @@ class Server:
         hello["capabilities"] = [*caps, *(c for c in LIBRARY_CAPABILITIES if c not in caps)]
         return hello
 
-    def serve(self, read_input: bool = True) -> int:
-        """``read_input`` False: no stdin thread; the lines come through :meth:`take_line` (the channel)."""
+    def serve(self) -> int:
         self.send(self.hello())
-        if read_input:
-            threading.Thread(target=self._reader, name="sut-stdin", daemon=True).start()
+        threading.Thread(target=self._reader, name="sut-stdin", daemon=True).start()
         try:
             while True:
                 msg, t = self._queue.get()

@@ -25,8 +25,7 @@ def run_delays(engine_pid: int, reader_tid: int | None, engine_tids: tuple[int, 
         return None
     if engine_tids is not None:
         readings = {tid: cpu_account.own_thread_reading(tid) for tid in engine_tids}
-        # the reader one of them (the channel: the engine's thread stamps its lines): its wait counted once
-        return {tid: r[2] for tid, r in readings.items() if r is not None}, 0 if reader_tid in engine_tids else own[2]
+        return {tid: r[2] for tid, r in readings.items() if r is not None}, own[2]
     try:
         engine = {tid: wait for tid, (_, wait, _) in cpu_account.read_threads(engine_pid).items()}
     except OSError:
