@@ -246,7 +246,9 @@ def _run_netns(args) -> list[dict]:
                                "--netns-hosts", str(args.netns_hosts), "--devices", str(n), "--trials",
                                str(trials_for(n, args)), "--min-cancels", "0", "--phase-us", str(args.phase_us), "--granularity-us",
                                str(args.granularity_us), *(["--engine-process", args.engine_process]
-                                                           if args.engine_process else [])], timeout=3600)
+                                                           if args.engine_process else []),
+                               *(["--keep-defects", str(args.keep_defects.resolve())] if args.keep_defects else [])],
+                      timeout=3600)
             if r.returncode:
                 raise SystemExit(f"bench_scale: the run of {n} devices failed: {r.stderr[-2000:]}")
             # Ray may print on stdout too: the result is the one line this script's inner run prints
@@ -358,7 +360,7 @@ def main() -> int:
     if args.address:  # the inner run, in the head's namespace: one JSON line per N on stdout
         for n in args.devices:
             print(json.dumps(run(n, trials_for(n, args), args.phase_us, args.granularity_us, args.address,
-                                 args.netns_hosts, args.engine_process)), flush=True)
+                                 args.netns_hosts, args.engine_process, args.keep_defects)), flush=True)
         return 0
     runs = _run_netns(args) if args.netns_hosts > 1 else _run_local(args)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
